@@ -1,0 +1,182 @@
+"""The shape of an algorithm: a bundle of pure phase functions over explicit state.
+
+An `Algorithm` is not a trainer class. It names five phases that the round loop
+(`pflkit.fl.loop.run_rounds`), the Flower adapter and the notebooks call:
+
+``init(model, federation, cfg, env) -> state``
+    server state from the initial (fresh or pretrained) global model.
+``broadcast(state, client_id, cfg, env) -> message``
+    what the server sends one client this round (FedAvg: the global weights;
+    pFedHN: that client's generated weights).
+``client_update(message, client, client_state, cfg, env) -> (Update, client_state)``
+    local work on one client; ``client_state`` is what the client keeps across
+    rounds (personal heads, masks, posteriors; None the first time).
+``aggregate(state, updates, cfg, env) -> state``
+    the server step.
+``evaluate(state, client, client_state, cfg, env, split) -> Metrics``
+    the client's (personalized) model on its ``"val"`` or ``"test"`` split.
+
+A variant replaces only the phase it changes: ``dataclasses.replace(FEDAVG,
+name="fedprox", client_update=prox_update)``. Every phase must be a function of
+its arguments only; randomness comes from ``env.generator(...)`` keyed by seed,
+round and client, so a resumed or re-ordered run gives the same numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from pflkit.config import ConfigError, fraction, non_negative, one_of, positive, require
+
+
+@dataclass(frozen=True)
+class FLConfig:
+    """Settings shared by every algorithm; algorithm configs subclass it.
+
+    Attributes:
+        rounds: communication rounds (0: no federated training, e.g. fine-tuning only).
+        fraction: share r of clients sampled per round (FedAvg's C; FedL2P's r).
+        sampling: ``"fraction"`` (round(r * C) clients without replacement) or
+            ``"bernoulli"`` (each client reports with probability r; pFedMe / pFedVEM protocol).
+        eval_every: rounds between validation passes (0: none during training).
+        eval_clients: clients in a validation pass (0: all).
+        keep_best: test the state with the best validation score (``select``).
+        select: ``"val_acc"`` / ``"val_loss"`` of the validation pass, or ``"update_val_loss"``
+            (mean ``val_loss`` reported by the round's clients, FedL2P sec. 4.1).
+        batch_size, lr, momentum, weight_decay: local SGD settings.
+        local_epochs: passes over the client's train split per round (ignored if local_steps > 0).
+        local_steps: fixed number of local SGD steps per round, each on a fresh random batch.
+        lr_milestones, lr_gamma: step decay of the local learning rate at these rounds.
+        max_grad_norm: clip local gradients to this norm (0: no clipping).
+    """
+
+    rounds: int = 10
+    fraction: float = 0.1
+    sampling: str = "fraction"
+    eval_every: int = 1
+    eval_clients: int = 0
+    keep_best: bool = True
+    select: str = "val_acc"
+    batch_size: int = 32
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    local_epochs: int = 1
+    local_steps: int = 0
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
+    max_grad_norm: float = 0.0
+
+    def __post_init__(self):
+        require(isinstance(self.rounds, int) and self.rounds >= 0, "rounds", self.rounds, "must be an integer >= 0")
+        fraction("fraction", self.fraction)
+        one_of("sampling", self.sampling, {"fraction", "bernoulli"})
+        require(self.eval_every >= 0, "eval_every", self.eval_every, "must be >= 0")
+        require(self.eval_clients >= 0, "eval_clients", self.eval_clients, "must be >= 0")
+        one_of("select", self.select, {"val_acc", "val_loss", "update_val_loss"})
+        require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        positive("lr", self.lr)
+        non_negative("momentum", self.momentum)
+        non_negative("weight_decay", self.weight_decay)
+        require(self.local_epochs >= 0, "local_epochs", self.local_epochs, "must be >= 0")
+        require(self.local_steps >= 0, "local_steps", self.local_steps, "must be >= 0")
+        positive("lr_gamma", self.lr_gamma)
+        non_negative("max_grad_norm", self.max_grad_norm)
+
+    def lr_at(self, round_index: int) -> float:
+        """Local learning rate at a round, after the step decays."""
+        drops = sum(1 for m in self.lr_milestones if round_index >= m)
+        return self.lr * self.lr_gamma**drops
+
+
+@dataclass
+class Update:
+    """What one client returns to the server in one round."""
+
+    client_id: int
+    num_samples: int
+    payload: Any
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Env:
+    """Run-time context handed to every phase: model factory, device, seeds, round.
+
+    ``model_fn()`` builds a fresh module of the experiment's architecture (random
+    init); phases load tensors into it. ``generator(*keys)`` gives a torch Generator
+    seeded from the run seed and the keys (e.g. ``("client", cid, round)``).
+    """
+
+    model_fn: Callable[[], nn.Module]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    seed: int = 0
+    round: int = 0
+    kernels: str = "auto"
+    _scratch: dict = field(default_factory=dict, repr=False)
+
+    def derive_seed(self, *keys) -> int:
+        text = "/".join(str(k) for k in (self.seed,) + keys)
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)
+
+    def generator(self, *keys) -> torch.Generator:
+        """A CPU torch.Generator seeded from (run seed, *keys)."""
+        return torch.Generator().manual_seed(self.derive_seed(*keys))
+
+    def seed_torch(self, *keys) -> None:
+        """Seed torch's global RNG (dropout, init) from (run seed, *keys)."""
+        torch.manual_seed(self.derive_seed("torch", *keys))
+
+    def scratch_model(self, key: str = "model") -> nn.Module:
+        """A cached module of the architecture, reused to avoid rebuilding per client."""
+        if key not in self._scratch:
+            self._scratch[key] = self.model_fn().to(self.device)
+        return self._scratch[key]
+
+
+Metrics = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A federated algorithm as five phase functions plus metadata.
+
+    Attributes:
+        name: registry key (``"fedavg"``).
+        label: how the papers' tables print it (``"FedAvg"``).
+        config: the frozen dataclass of its hyperparameters (a subclass of FLConfig).
+        needs_pretrained: starts from the experiment's pretrained global model.
+        exports_global: ``global_model(state)`` gives a model worth reporting / reusing.
+    """
+
+    name: str
+    label: str
+    config: type
+    init: Callable
+    broadcast: Callable
+    client_update: Callable
+    aggregate: Callable
+    evaluate: Callable
+    global_model: Callable = lambda state: None
+    needs_pretrained: bool = False
+    exports_global: bool = False
+
+    def make_config(self, values: dict | None = None, prefix: str = ""):
+        from pflkit.config import from_dict
+
+        return from_dict(self.config, values or {}, prefix)
+
+
+def check_config(algo: Algorithm, cfg) -> None:
+    if not isinstance(cfg, algo.config):
+        raise ConfigError(f"{algo.name}: expected a {algo.config.__name__}, got {type(cfg).__name__}")
+
+
+def replace(algo: Algorithm, **changes) -> Algorithm:
+    """A variant of ``algo`` with some phases or metadata replaced."""
+    return dataclasses.replace(algo, **changes)

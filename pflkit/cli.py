@@ -1,0 +1,124 @@
+"""Command line: ``pflkit list | run | demo | notebooks | data pack``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pflkit.config import ConfigError
+
+
+def _cmd_list(args) -> int:
+    from pflkit.experiments import list_experiments, resolve
+
+    rows = []
+    for name, path in list_experiments().items():
+        try:
+            cfg = resolve(path, "cpu")
+            rows.append((cfg.paper or path.parent.name, cfg.table, name, cfg.title))
+        except ConfigError as e:
+            rows.append((path.parent.name, "?", name, f"(invalid: {e})"))
+    for paper, table, name, title in sorted(rows):
+        print(f"{paper:10s} {table:14s} {name:32s} {title}")
+    return 0
+
+
+def _run(name: str, args) -> int:
+    from pflkit.experiments import resolve
+    from pflkit.report.figures import plot_methods, save_figure
+    from pflkit.report.tables import format_table
+    from pflkit.runner import run_experiment
+
+    overrides = list(args.set or [])
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
+    if args.seeds is not None:
+        overrides.append(f"seeds={args.seeds}")
+    if getattr(args, "kernels", None):
+        overrides.append(f"kernels={args.kernels}")
+    cfg = resolve(name, args.preset, overrides)
+    engine = getattr(args, "engine", "pflkit")
+    if engine != "pflkit":
+        raise ConfigError(f"--engine={engine!r}: only the built-in engine 'pflkit' is available in this version")
+    out = Path(args.out or Path("runs") / f"{cfg.name}-{cfg.preset}")
+    results = run_experiment(cfg, out, data_root=args.data_root, resume=args.resume, progress=not args.quiet)
+    print(format_table(results))
+    fig = save_figure(plot_methods(results).figure, out / "methods.png")
+    print(f"results: {out / 'results.json'}\nfigure: {fig}")
+    return 0 if results["status"] == "ok" else 3
+
+
+def _cmd_notebooks(args) -> int:
+    from pflkit.notebooks import run_notebooks
+
+    params = {"data_root": args.data_root} if args.data_root else {}
+    done = run_notebooks(args.preset, args.only, args.out, params)
+    for p in done:
+        print(f"executed: {p}")
+    return 0
+
+
+def _cmd_pack(args) -> int:
+    from pflkit.data.pack import pack
+
+    out = Path(args.out or f"{args.name}.npz")
+    pack(args.name, args.data_root, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="cpu", choices=["smoke", "cpu", "paper"], help="sizes (default: cpu)")
+    p.add_argument("--seed", type=int, help="first seed (default: the experiment's)")
+    p.add_argument("--seeds", type=int, help="number of seeds (seed, seed+1, ...)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
+    p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
+    p.add_argument("--out", help="output folder (default: runs/NAME-PRESET)")
+    p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
+    p.add_argument("--kernels", choices=["auto", "triton", "reference"], help="custom-op backend")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pflkit", description="Personalized federated learning toolkit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every round")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="experiments by paper and table").set_defaults(fn=_cmd_list)
+    p = sub.add_parser("run", help="run an experiment, write DIR/results.json")
+    p.add_argument("name", help="experiment name (see `pflkit list`) or path to a .toml")
+    p.add_argument("--engine", default="pflkit", choices=["pflkit", "flower"], help="round engine")
+    _run_options(p)
+    p.set_defaults(fn=lambda a: _run(a.name, a))
+    p = sub.add_parser("demo", help="the embedded default: digits, FedAvg then FT (BN C/G/I)")
+    _run_options(p)
+    p.set_defaults(fn=lambda a: _run("demo", a))
+    p = sub.add_parser("notebooks", help="execute notebooks with papermill")
+    p.add_argument("--preset", default="smoke", choices=["smoke", "cpu", "paper"])
+    p.add_argument("--only", help="a subfolder of notebooks/, e.g. tutorials or fedl2p")
+    p.add_argument("--out", default="notebooks_out", help="where executed copies go")
+    p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
+    p.set_defaults(fn=_cmd_notebooks)
+    p = sub.add_parser("data", help="dataset utilities")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    q = dsub.add_parser("pack", help="write a dataset as an offline .npz")
+    q.add_argument("name")
+    q.add_argument("--data-root", help="folder holding the downloaded dataset")
+    q.add_argument("--out", help="output .npz (default: NAME.npz)")
+    q.set_defaults(fn=_cmd_pack)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.fn(args)
+    except (ConfigError, ValueError, TypeError, FileNotFoundError) as e:
+        print(f"pflkit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

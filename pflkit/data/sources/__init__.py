@@ -1,0 +1,1 @@
+"""One module per dataset family; `pflkit.data.datasets` is the registry over them."""

@@ -1,0 +1,325 @@
+"""Helpers shared by every dataset source: lookup, npz reading, splits, image tensors.
+
+Every source reads its dataset into plain numpy arrays in the ``.npz`` schema of
+``data/README.md`` (a `Found`); the loaders then turn those arrays into a
+`pflkit.data.base.Dataset`. Keeping the arrays as the one intermediate form
+means an ``.npz`` file, the published on-disk format and a fresh download all
+go through the same builder, and `pflkit.data.pack` can write any of them.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..base import Dataset, DatasetMeta, DatasetNotFoundError, ImageFiles
+
+log = logging.getLogger(__name__)
+
+# Natural-image statistics for lazy folder datasets, whose pixels we do not scan
+# just to normalize them (the usual ImageNet values, which suit pretrained nets).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class Found:
+    """Arrays of one dataset in its ``.npz`` schema, and where they came from."""
+
+    arrays: dict[str, np.ndarray]
+    source: str
+
+
+def find_npz(roots: Sequence[Path], files: Sequence[str]) -> tuple[Path | None, list[Path]]:
+    """The first existing ``root / file``, trying every root for a file before the next file.
+
+    ``files`` lists the full file before its subset, so a full copy anywhere
+    wins over a subset.
+    """
+    searched = []
+    for name in files:
+        for root in roots:
+            path = Path(root) / name
+            searched.append(path)
+            if path.is_file():
+                return path, searched
+    return None, searched
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """All arrays of an ``.npz`` file, loaded eagerly and without pickles."""
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def npz_source(path: Path) -> str:
+    """``meta.source`` for an npz file; subsets (``*_small.npz``) say so."""
+    return f"{path} (subset)" if path.name.endswith("_small.npz") else str(path)
+
+
+def first_match(
+    roots: Sequence[Path], relpaths: Sequence[str], ok: Callable[[Path], bool]
+) -> tuple[Path | None, list[Path]]:
+    """The first ``root / rel`` for which ``ok`` holds, and every candidate tried."""
+    searched = []
+    for root in roots:
+        for rel in relpaths:
+            path = Path(root) / rel
+            searched.append(path)
+            if ok(path):
+                return path, searched
+    return None, searched
+
+
+def has_files(*names: str) -> Callable[[Path], bool]:
+    """A predicate: the folder holds every one of ``names``."""
+    return lambda p: p.is_dir() and all((p / n).exists() for n in names)
+
+
+def resolve(
+    name: str,
+    roots: Sequence[Path],
+    *,
+    npz_files: Sequence[str],
+    find_raw: Callable[[Sequence[Path]], tuple[Path | None, list[Path]]],
+    read_raw: Callable[[Path], dict[str, np.ndarray]],
+    how: str,
+    fetch: Callable[[Path], None] | None = None,
+    download: bool = False,
+    use_npz: bool = True,
+) -> Found:
+    """Find a dataset: an npz in a root, else its published layout, else a download.
+
+    Args:
+        name: registry name, used in error messages.
+        roots: folders to search, in order (see `pflkit.data.base.data_roots`).
+        npz_files: npz file names to look for, full dataset first.
+        find_raw: ``roots -> (folder or None, searched paths)`` for the published layout.
+        read_raw: ``folder -> arrays`` in the npz schema.
+        how: how a user obtains the dataset (goes into the error message).
+        fetch: downloads into a root (torchvision), or None if pflkit cannot.
+        download: whether to call ``fetch`` when nothing is found.
+        use_npz: False when packing, so the real loader is used.
+
+    Raises:
+        DatasetNotFoundError: nothing found and no successful download.
+    """
+    searched: list[Path] = []
+    if use_npz:
+        path, tried = find_npz(roots, npz_files)
+        searched += tried
+        if path is not None:
+            log.info("%s: reading %s", name, path)
+            return Found(read_npz(path), npz_source(path))
+    folder, tried = find_raw(roots)
+    searched += tried
+    if folder is None and download:
+        folder = _download(name, roots, searched, how, fetch, find_raw)
+    if folder is None:
+        raise DatasetNotFoundError(name, searched, how)
+    log.info("%s: reading %s", name, folder)
+    return Found(read_raw(folder), str(folder))
+
+
+def _download(name, roots, searched, how, fetch, find_raw) -> Path:
+    """Run ``fetch`` into the first root; any failure becomes a DatasetNotFoundError."""
+    if fetch is None:
+        raise DatasetNotFoundError(name, searched, f"pflkit cannot download {name!r} automatically. {how}")
+    target = Path(roots[0])
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        fetch(target)
+    except Exception as exc:  # torchvision raises RuntimeError, URLError, OSError, ...
+        reason = " ".join(str(exc).split())[:300]
+        raise DatasetNotFoundError(
+            name, searched, f"the download into {target} failed ({type(exc).__name__}: {reason}). {how}"
+        ) from exc
+    folder, _ = find_raw([target])
+    if folder is None:
+        raise DatasetNotFoundError(name, searched, f"the download into {target} left no usable files. {how}")
+    return folder
+
+
+# ---------------------------------------------------------------- splits and checks
+
+
+def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted train / test positions holding out ``test_fraction`` of every class.
+
+    Uses numpy's own generator (not scikit-learn's splitter) so the split does
+    not change with the scikit-learn version.
+    """
+    check_fraction("test_fraction", test_fraction)
+    y = np.asarray(y)
+    rng = np.random.default_rng(seed)
+    test = [rng.permutation(np.flatnonzero(y == c))[: int(round(np.sum(y == c) * test_fraction))] for c in np.unique(y)]
+    test_idx = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
+    train_idx = np.setdiff1d(np.arange(len(y)), test_idx)
+    return train_idx.astype(np.int64), test_idx.astype(np.int64)
+
+
+def check_fraction(key: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{key} must be a number in [0, 1), got {value!r}")
+
+
+def check_positive_int(key: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{key} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+
+
+def check_choice(key: str, value, choices: Iterable) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {choices}, got {value!r}")
+
+
+def check_subset(key: str, values, known: Sequence[str]) -> tuple[str, ...]:
+    """``values`` as a tuple after checking every entry is in ``known``."""
+    if isinstance(values, str):
+        values = (values,)
+    values = tuple(values)
+    bad = [v for v in values if v not in known]
+    if bad or not values:
+        raise ValueError(f"{key} must be a non-empty subset of {tuple(known)}, got {values!r}")
+    return values
+
+
+def names_array(names: Iterable[str]) -> np.ndarray:
+    """A unicode array of names (what npz files can hold without pickles)."""
+    return np.asarray([str(n) for n in names], dtype=np.str_)
+
+
+def digit_names() -> np.ndarray:
+    return names_array(str(i) for i in range(10))
+
+
+# ---------------------------------------------------------------- image tensors
+
+
+def to_nchw(x: np.ndarray) -> torch.Tensor:
+    """(N, H, W) or (N, H, W, C) uint8 array -> contiguous uint8 tensor (N, C, H, W)."""
+    x = np.asarray(x)
+    if x.dtype != np.uint8:
+        raise ValueError(f"images must be uint8, got {x.dtype}")
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4:
+        x = x.transpose(0, 3, 1, 2)
+    else:
+        raise ValueError(f"images must have 3 or 4 dimensions, got shape {x.shape}")
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def resize_images(x: torch.Tensor, size: int, chunk: int = 2048) -> torch.Tensor:
+    """Resize uint8 (N, C, H, W) images to (N, C, size, size), bilinear with antialiasing.
+
+    Antialiasing matters when shrinking (Omniglot 105 -> 28 would alias thin strokes).
+    Works in chunks so large sets never need a full float copy.
+    """
+    check_positive_int("size", size)
+    n, c, h, w = x.shape
+    if (h, w) == (size, size):
+        return x
+    out = torch.empty((n, c, size, size), dtype=torch.uint8)
+    for s in range(0, n, chunk):
+        part = x[s : s + chunk].float()
+        part = F.interpolate(part, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        out[s : s + chunk] = part.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def to_rgb(x: torch.Tensor) -> torch.Tensor:
+    """Gray (N, 1, H, W) -> (N, 3, H, W) by repeating the channel; RGB passes through."""
+    return x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x
+
+
+def channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images on the [0, 1] scale.
+
+    Exact and light on memory: a 256-bin histogram per channel instead of a float copy.
+    """
+    if x.shape[0] == 0:
+        return (0.5,) * x.shape[1], (0.25,) * x.shape[1]
+    levels = torch.arange(256, dtype=torch.float64) / 255.0
+    means, stds = [], []
+    for c in range(x.shape[1]):
+        counts = torch.bincount(x[:, c].reshape(-1), minlength=256).double()
+        p = counts / counts.sum()
+        mean = float((p * levels).sum())
+        var = float((p * (levels - mean) ** 2).sum())
+        means.append(round(mean, 6))
+        stds.append(round(max(var, 1e-12) ** 0.5, 6))
+    return tuple(means), tuple(stds)
+
+
+def labels(y) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(y).astype(np.int64))
+
+
+def image_dataset(
+    name: str,
+    x_train,
+    y_train,
+    x_test,
+    y_test,
+    *,
+    class_names: Sequence[str],
+    source: str,
+    superclass: Sequence[int] | None = None,
+    superclass_names: Sequence[str] | None = None,
+    groups_train: dict[str, np.ndarray] | None = None,
+    groups_test: dict[str, np.ndarray] | None = None,
+    group_names: dict[str, Sequence[str]] | None = None,
+    stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+) -> Dataset:
+    """Assemble a `Dataset` from image tensors (or `ImageFiles`) and labels.
+
+    The normalization statistics ``stats = (mean, std)`` are measured on the
+    training images when not given and the images are in memory; lazy folders
+    use the ImageNet statistics.
+    """
+    if stats is not None:
+        mean, std = stats
+    elif isinstance(x_train, ImageFiles):
+        mean, std = IMAGENET_MEAN[: x_train.channels], IMAGENET_STD[: x_train.channels]
+    else:
+        mean, std = channel_stats(x_train)
+    meta = DatasetMeta(
+        name=name,
+        num_classes=len(class_names),
+        class_names=tuple(str(c) for c in class_names),
+        input_shape=tuple(int(s) for s in x_train.shape[1:]),
+        mean=mean,
+        std=std,
+        superclass=None if superclass is None else tuple(int(s) for s in superclass),
+        superclass_names=None if superclass_names is None else tuple(str(s) for s in superclass_names),
+        group_names={k: tuple(str(v) for v in vs) for k, vs in (group_names or {}).items()},
+        source=source,
+    )
+    as_int = lambda g: {k: np.asarray(v).astype(np.int64) for k, v in (g or {}).items()}  # noqa: E731
+    return Dataset(meta, x_train, labels(y_train), x_test, labels(y_test), as_int(groups_train), as_int(groups_test))
+
+
+def simple_image_dataset(name: str, found: Found, default_classes: Sequence[str] | None = None) -> Dataset:
+    """A dataset from the plain image schema: x_train, y_train, x_test, y_test[, class_names]."""
+    a = found.arrays
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in a]
+    if missing:
+        raise ValueError(f"{name}: {found.source} lacks the arrays {missing}")
+    classes = a.get("class_names")
+    if classes is None:
+        classes = default_classes if default_classes is not None else [str(c) for c in range(int(a["y_train"].max()) + 1)]
+    return image_dataset(
+        name, to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
+        class_names=[str(c) for c in classes], source=found.source,
+    )

@@ -1,0 +1,266 @@
+"""Experiments: one TOML file per table row or figure, three presets, typed overrides.
+
+An experiment file (``experiments/<paper>/<name>.toml``) names the data, the
+partition, the model, an optional pretraining stage and the methods whose
+personalized accuracy the table reports, plus the paper's published numbers.
+``[presets.smoke|cpu|paper]`` tables hold overrides that change sizes only,
+never the algorithm. Keys of overrides (presets and ``--set``) are dotted
+paths: ``data.num_clients``, ``data.partition.alpha``, ``model.options.width``,
+``pretrain.rounds``, ``methods."FT (BN C)".epochs`` or ``methods.*.epochs``
+(every method that has the field), ``seed``, ``seeds``.
+
+`resolve` turns file + preset + overrides into a frozen `ExperimentConfig`,
+checking every key and value before any data is loaded.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pflkit.config import ConfigError, coerce, from_dict, one_of, parse_override, require, to_dict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRESETS = ("smoke", "cpu", "paper")
+
+
+def experiments_dir() -> Path:
+    """The repository's ``experiments/`` folder (pflkit is used from a clone: ``pip install -e .``)."""
+    here = Path(__file__).resolve().parent.parent / "experiments"
+    if not here.is_dir():
+        raise FileNotFoundError(
+            f"no experiments folder at {here}; pflkit's experiments ship with the repository: "
+            "clone it and install with `pip install -e .`"
+        )
+    return here
+
+
+def list_experiments(root: Path | None = None) -> dict[str, Path]:
+    """Every experiment by name (the file stem, unique across papers)."""
+    root = root or experiments_dir()
+    found: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.toml")):
+        if path.stem in found:
+            raise ConfigError(f"experiment name {path.stem!r} is defined twice: {found[path.stem]} and {path}")
+        found[path.stem] = path
+    return found
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Dataset, partition and per-client splits (`pflkit.fl.federation.build_federation`)."""
+
+    dataset: str = "digits"
+    options: dict = field(default_factory=dict)
+    scheme: str = "dirichlet"
+    num_clients: int = 10
+    partition: dict = field(default_factory=dict)
+    split: str = "pool"
+    test_fraction: float = 0.2
+    val_fraction: float = 0.2
+    task: str = "label"
+    augment: str = "none"
+
+    def __post_init__(self):
+        from pflkit.data.partition import PARTITIONS
+        from pflkit.data.transforms import AUGMENTS
+
+        one_of("data.scheme", self.scheme, set(PARTITIONS))
+        require(self.num_clients >= 1, "data.num_clients", self.num_clients, "must be >= 1")
+        one_of("data.split", self.split, {"pool", "paired"})
+        one_of("data.task", self.task, {"label", "superclass"})
+        one_of("data.augment", self.augment, set(AUGMENTS))
+        for key in ("test_fraction", "val_fraction"):
+            v = getattr(self, key)
+            require(0 <= v < 1, f"data.{key}", v, "must be in [0, 1)")
+        params = inspect.signature(PARTITIONS[self.scheme]).parameters
+        for k in self.partition:
+            require(k in params and k not in ("labels", "num_clients", "seed"), f"data.partition.{k}",
+                    self.partition[k], f"not an option of scheme {self.scheme!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "digits_cnn"
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One trained method: its table label, algorithm and the algorithm's config."""
+
+    label: str
+    algorithm: str
+    config: Any
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A fully resolved experiment (file + preset + overrides)."""
+
+    name: str
+    paper: str
+    table: str
+    title: str
+    preset: str
+    data: DataConfig
+    model: ModelConfig
+    pretrain: StageConfig | None
+    methods: tuple[StageConfig, ...]
+    published: dict = field(default_factory=dict)
+    seed: int = 0
+    seeds: int = 1
+    kernels: str = "auto"
+    device: str = "cpu"
+
+    def to_dict(self) -> dict:
+        def stage(s):
+            return None if s is None else {"label": s.label, "algorithm": s.algorithm, **to_dict(s.config)}
+
+        return {"name": self.name, "paper": self.paper, "table": self.table, "title": self.title,
+                "preset": self.preset, "seed": self.seed, "seeds": self.seeds, "kernels": self.kernels,
+                "device": self.device, "data": to_dict(self.data), "model": to_dict(self.model),
+                "pretrain": stage(self.pretrain), "methods": [stage(m) for m in self.methods],
+                "published": self.published}
+
+
+def _literal(text: str) -> Any:
+    """A ``--set`` value as TOML would read it (numbers, booleans, lists), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _split_key(key: str) -> list[str]:
+    """Split a dotted key, honouring double quotes: methods."FT (BN C)".epochs."""
+    parts, cur, quoted = [], "", False
+    for ch in key:
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "." and not quoted:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    if quoted or any(p == "" for p in parts):
+        raise ConfigError(f"{key!r}: malformed key")
+    return parts
+
+
+def apply_override(raw: dict, key: str, value: Any) -> None:
+    """Set a dotted ``key`` in the raw experiment dict (``methods.*`` = every method)."""
+    parts = _split_key(key)
+    if parts[0] == "methods" and len(parts) >= 3 and parts[1] == "*":
+        methods = raw.get("methods", {})
+        hit = False
+        for label, m in methods.items():
+            if _field_allowed(m, parts[2:]):
+                _set(m, parts[2:], value)
+                hit = True
+        if not hit:
+            raise ConfigError(f"{key}: no method has a setting {'.'.join(parts[2:])!r}")
+        return
+    if parts[0] == "methods" and len(parts) >= 2 and parts[1] not in raw.get("methods", {}):
+        raise ConfigError(f"{key}: no method labelled {parts[1]!r}; methods: {list(raw.get('methods', {}))}")
+    if parts[0] == "pretrain" and "pretrain" not in raw:
+        raise ConfigError(f"{key}: this experiment has no pretraining stage")
+    _set(raw, parts, value)
+
+
+def _field_allowed(method: dict, path: list[str]) -> bool:
+    from pflkit.algorithms import ALGORITHMS
+
+    algo = ALGORITHMS.get(method.get("algorithm", ""))
+    return algo is not None and len(path) == 1 and path[0] in {f.name for f in dataclasses.fields(algo.config)}
+
+
+def _set(d: dict, parts: list[str], value: Any) -> None:
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"{'.'.join(parts)}: {p!r} is not a table")
+    d[parts[-1]] = value
+
+
+def _stage(label: str, raw: dict, prefix: str) -> StageConfig:
+    from pflkit.algorithms import ALGORITHMS
+
+    raw = dict(raw)
+    name = raw.pop("algorithm", None)
+    raw.pop("label", None)
+    if name not in ALGORITHMS:
+        raise ConfigError(f"{prefix}algorithm={name!r}: unknown; known: {', '.join(sorted(ALGORITHMS))}")
+    return StageConfig(label, name, from_dict(ALGORITHMS[name].config, raw, prefix))
+
+
+def resolve(spec: dict | str | Path, preset: str = "cpu", overrides: list[str] | dict | None = None) -> ExperimentConfig:
+    """File (or dict) + preset + overrides -> a validated `ExperimentConfig`.
+
+    ``overrides``: ``["key=value", ...]`` (the CLI's ``--set``) or a ``{key: value}`` dict.
+    """
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.exists():
+            known = list_experiments()
+            if str(spec) not in known:
+                raise ConfigError(f"experiment {str(spec)!r} not found; known: {', '.join(sorted(known))}")
+            path = known[str(spec)]
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+        raw.setdefault("experiment", {}).setdefault("name", path.stem)
+    else:
+        raw = copy.deepcopy(spec)
+    one_of("preset", preset, set(PRESETS))
+    presets = raw.pop("presets", {})
+    unknown = set(presets) - set(PRESETS)
+    require(not unknown, "presets", sorted(unknown), f"preset names must be among {PRESETS}")
+    for key, value in presets.get(preset, {}).items():
+        apply_override(raw, key, value)
+    if isinstance(overrides, dict):
+        items = list(overrides.items())
+    else:
+        items = [(k, _literal(v)) for k, v in (parse_override(o) for o in (overrides or []))]
+    for key, value in items:
+        apply_override(raw, key, value)
+    return _build(raw, preset)
+
+
+def _build(raw: dict, preset: str) -> ExperimentConfig:
+    known = {"experiment", "data", "model", "pretrain", "methods", "published", "seed", "seeds", "kernels", "device"}
+    extra = sorted(set(raw) - known)
+    require(not extra, extra[0] if extra else "", raw.get(extra[0]) if extra else None, "unknown top-level setting")
+    meta = raw.get("experiment", {})
+    data = from_dict(DataConfig, raw.get("data", {}), "data.")
+    model = from_dict(ModelConfig, raw.get("model", {}), "model.")
+    pretrain = None
+    if "pretrain" in raw:
+        pre = dict(raw["pretrain"])
+        pretrain = _stage(pre.pop("label", "Global"), pre, "pretrain.")
+    methods = tuple(_stage(label, m, f"methods.{label}.") for label, m in raw.get("methods", {}).items())
+    require(bool(methods) or pretrain is not None, "methods", None, "an experiment needs at least one method")
+    from pflkit.algorithms import ALGORITHMS
+
+    for m in methods:
+        require(pretrain is not None or not ALGORITHMS[m.algorithm].needs_pretrained, f"methods.{m.label}",
+                m.algorithm, "starts from a pretrained model, but the experiment has no [pretrain] stage")
+    seed = coerce(raw.get("seed", 0), int, "seed")
+    seeds = coerce(raw.get("seeds", 1), int, "seeds")
+    require(seeds >= 1, "seeds", seeds, "must be >= 1")
+    kernels = coerce(raw.get("kernels", "auto"), str, "kernels")
+    one_of("kernels", kernels, {"auto", "triton", "reference"})
+    return ExperimentConfig(
+        name=meta.get("name", "experiment"), paper=meta.get("paper", ""), table=meta.get("table", ""),
+        title=meta.get("title", ""), preset=preset, data=data, model=model, pretrain=pretrain, methods=methods,
+        published=dict(raw.get("published", {})), seed=seed, seeds=seeds, kernels=kernels,
+        device=coerce(raw.get("device", "cpu"), str, "device"),
+    )

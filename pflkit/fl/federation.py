@@ -1,0 +1,265 @@
+"""A federation: clients with train / val / test splits over one pooled dataset.
+
+`build_federation` turns a `Dataset` and a partition scheme into clients. Two
+ways to give every client its splits:
+
+* ``split="pool"`` (FedL2P sec. 4.1.1): partition the pooled samples (train and
+  test together), then hold out ``test_fraction`` of each client's samples for
+  test and ``val_fraction`` of the rest for validation (80/20, then 20%).
+* ``split="paired"`` (pFedHN, FedSelect): partition the dataset's train and test
+  splits with one plan (same classes and shares per client); validation is
+  ``val_fraction`` of each client's train part.
+
+Clients keep index arrays into the pooled tensors (no copies). The federation is
+saved with a run (`save` / `load`) so every method sees exactly the same split.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from pflkit.data.base import Dataset, DatasetMeta, ImageFiles, to_float
+from pflkit.data.transforms import augment_batch
+
+SPLITS = ("train", "val", "test")
+
+
+def _concat(a, b):
+    if isinstance(a, ImageFiles):
+        return ImageFiles(a.paths + list(b.paths), a.size, a.channels)
+    return torch.cat([a, b]) if len(b) else a
+
+
+@dataclass
+class Client:
+    """One client's view of the pooled data: index arrays per split plus metadata."""
+
+    id: int
+    x: torch.Tensor | ImageFiles
+    y: torch.Tensor
+    splits: dict[str, np.ndarray]
+    meta: DatasetMeta
+    info: dict = field(default_factory=dict)
+    augment: str = "none"
+
+    def num(self, split: str = "train") -> int:
+        return int(len(self.splits[split]))
+
+    def labels(self, split: str = "train") -> torch.Tensor:
+        return self.y[torch.as_tensor(self.splits[split], dtype=torch.long)]
+
+    def take(self, idx: np.ndarray, device=None, generator: torch.Generator | None = None,
+             augment: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float inputs and labels of pooled positions ``idx`` (optionally augmented)."""
+        t = torch.as_tensor(idx, dtype=torch.long)
+        xb = self.x[t]
+        xb = to_float(xb, self.meta)
+        if augment and self.augment != "none":
+            xb = augment_batch(xb, self.augment, generator)
+        yb = self.y[t]
+        if device is not None:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        return xb, yb
+
+    def tensors(self, split: str, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole split as one batch (evaluation, statistics)."""
+        return self.take(self.splits[split], device)
+
+    def batches(self, split: str, batch_size: int, generator: torch.Generator | None = None,
+                shuffle: bool = False, device=None, augment: bool = False,
+                drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Mini-batches of a split; shuffled with ``generator`` when ``shuffle``."""
+        idx = self.splits[split]
+        if shuffle:
+            order = torch.randperm(len(idx), generator=generator).numpy()
+            idx = idx[order]
+        stop = len(idx) - (len(idx) % batch_size if drop_last else 0)
+        for s in range(0, stop, batch_size):
+            yield self.take(idx[s:s + batch_size], device, generator, augment)
+
+    def random_batch(self, split: str, batch_size: int, generator: torch.Generator, device=None,
+                     augment: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch drawn without replacement (pFedHN-style local steps)."""
+        idx = self.splits[split]
+        pick = torch.randperm(len(idx), generator=generator)[: min(batch_size, len(idx))].numpy()
+        return self.take(idx[pick], device, generator, augment)
+
+    def histogram(self, split: str = "train") -> np.ndarray:
+        return np.bincount(self.labels(split).numpy(), minlength=self.meta.num_classes)
+
+
+@dataclass
+class Federation:
+    """Clients over one pooled dataset, with the recipe that made them."""
+
+    meta: DatasetMeta
+    x: torch.Tensor | ImageFiles
+    y: torch.Tensor
+    clients: list[Client]
+    recipe: dict = field(default_factory=dict)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    @property
+    def num_classes(self) -> int:
+        return self.meta.num_classes
+
+    def sizes(self, split: str = "train") -> np.ndarray:
+        return np.array([c.num(split) for c in self.clients])
+
+    def histograms(self, split: str = "train") -> np.ndarray:
+        """Label counts, clients x classes."""
+        return np.stack([c.histogram(split) for c in self.clients])
+
+    def group_of_clients(self, key: str) -> np.ndarray:
+        """Each client's (majority) value of a metadata key, e.g. its domain."""
+        if not all(key in c.info for c in self.clients):
+            raise KeyError(f"federation clients carry no {key!r} metadata; known: {sorted(self.clients[0].info)}")
+        return np.array([c.info[key] for c in self.clients])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the client index arrays and recipe (atomically) to ``path`` (.npz)."""
+        arrays = {f"{c.id}/{s}": c.splits[s] for c in self.clients for s in SPLITS}
+        arrays["__recipe__"] = np.array(json.dumps(self.recipe, default=str))
+        arrays["__info__"] = np.array(json.dumps([c.info for c in self.clients], default=str))
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez_compressed(tmp, **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, dataset: Dataset) -> "Federation":
+        """Rebuild a saved federation over the same dataset."""
+        with np.load(path, allow_pickle=False) as z:
+            recipe = json.loads(str(z["__recipe__"]))
+            infos = json.loads(str(z["__info__"]))
+            n = len(infos)
+            parts = [{s: z[f"{i}/{s}"] for s in SPLITS} for i in range(n)]
+        meta, x, y = _pool(dataset, recipe.get("task", "label"))
+        clients = [Client(i, x, y, parts[i], meta, infos[i], recipe.get("augment", "none")) for i in range(n)]
+        return cls(meta, x, y, clients, recipe)
+
+
+def _pool(dataset: Dataset, task: str):
+    """Pooled inputs and task labels (train first, then test)."""
+    meta = dataset.meta
+    y = torch.cat([dataset.y_train, dataset.y_test]).long()
+    if task == "superclass":
+        if meta.superclass is None:
+            raise ValueError(f"dataset {meta.name!r} has no superclass map; task='superclass' is impossible")
+        y = torch.as_tensor(meta.superclass, dtype=torch.long)[y]
+        names = meta.superclass_names or tuple(str(i) for i in range(max(meta.superclass) + 1))
+        meta = replace(meta, num_classes=len(names), class_names=tuple(names), superclass=None, superclass_names=None)
+    elif task != "label":
+        raise ValueError(f"task={task!r}: use 'label' or 'superclass'")
+    return meta, _concat(dataset.x_train, dataset.x_test), y
+
+
+def _groups(dataset: Dataset) -> dict[str, np.ndarray]:
+    keys = set(dataset.groups_train) | set(dataset.groups_test)
+    out = {}
+    for k in keys:
+        a = dataset.groups_train.get(k, np.full(len(dataset.y_train), -1))
+        b = dataset.groups_test.get(k, np.full(len(dataset.y_test), -1))
+        out[k] = np.concatenate([np.asarray(a), np.asarray(b)]).astype(np.int64)
+    return out
+
+
+def _scheme_kwargs(fn, options: dict, groups, superclass) -> dict:
+    params = inspect.signature(fn).parameters
+    kw = dict(options)
+    if "groups" in params and "groups" not in kw:
+        kw["groups"] = groups
+    if "superclass" in params and "superclass" not in kw:
+        if superclass is None:
+            raise ValueError("this partition needs a superclass map, but the dataset has none")
+        kw["superclass"] = np.asarray(superclass)
+    return kw
+
+
+def _holdout(idx: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``idx`` into (rest, held) with round(frac * n) held out (at least 1 if frac > 0 and n > 1)."""
+    idx = rng.permutation(idx)
+    k = int(round(frac * len(idx)))
+    if frac > 0 and k == 0 and len(idx) > 1:
+        k = 1
+    return np.sort(idx[k:]), np.sort(idx[:k])
+
+
+def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: int, split: str = "pool",
+                     test_fraction: float = 0.2, val_fraction: float = 0.2, task: str = "label",
+                     augment: str = "none", **options) -> Federation:
+    """Partition a dataset among clients and give each a train / val / test split.
+
+    Args:
+        dataset: from `pflkit.data.load_dataset`.
+        scheme: a name in `pflkit.data.partition.PARTITIONS`.
+        num_clients: number of clients C.
+        seed: seeds the partition and the per-client holdouts.
+        split: ``"pool"`` or ``"paired"`` (module docstring).
+        test_fraction: share of each client's samples held out for test (``pool``).
+        val_fraction: share of each client's remaining train samples held out for validation.
+        task: ``"label"`` or ``"superclass"`` (predict the superclass; pFedVEM's concept drift).
+        augment: batch augmentation for training (``"none"``, ``"crop_flip"``).
+        **options: the scheme's own options (alpha, classes_per_client, ...).
+    """
+    from pflkit.data.partition import PARTITIONS
+
+    if scheme not in PARTITIONS:
+        raise ValueError(f"partition scheme {scheme!r} unknown; known: {', '.join(sorted(PARTITIONS))}")
+    if split not in ("pool", "paired"):
+        raise ValueError(f"split={split!r}: use 'pool' or 'paired'")
+    for key, frac in (("test_fraction", test_fraction), ("val_fraction", val_fraction)):
+        if not 0 <= frac < 1:
+            raise ValueError(f"{key}={frac!r}: must be in [0, 1)")
+    if split == "paired" and len(dataset.y_test) == 0:
+        raise ValueError(f"split='paired' needs a test split, but dataset {dataset.name!r} has none; use split='pool'")
+    meta, x, y = _pool(dataset, task)
+    fine = torch.cat([dataset.y_train, dataset.y_test]).numpy()
+    groups = _groups(dataset)
+    n_train = len(dataset.y_train)
+    fn = PARTITIONS[scheme]
+    # concept drift partitions by fine class; every other scheme by the task label
+    part_labels = fine if "superclass" in inspect.signature(fn).parameters else y.numpy()
+    rng = np.random.default_rng(seed + 7919)
+    if split == "pool":
+        kw = _scheme_kwargs(fn, options, groups, dataset.meta.superclass)
+        parts = fn(part_labels, num_clients, seed=seed, **kw)
+        splits = []
+        for p in parts:
+            rest, test = _holdout(np.asarray(p), test_fraction, rng)
+            train, val = _holdout(rest, val_fraction, rng)
+            splits.append({"train": train, "val": val, "test": test})
+    else:
+        g_pair = ({k: v[:n_train] for k, v in groups.items()}, {k: v[n_train:] for k, v in groups.items()})
+        kw = _scheme_kwargs(fn, options, g_pair, dataset.meta.superclass)
+        tr_parts, te_parts = fn((part_labels[:n_train], part_labels[n_train:]), num_clients, seed=seed, **kw)
+        splits = []
+        for p, q in zip(tr_parts, te_parts):
+            train, val = _holdout(np.asarray(p), val_fraction, rng)
+            splits.append({"train": train, "val": val, "test": np.sort(np.asarray(q) + n_train)})
+    clients = []
+    for i, s in enumerate(splits):
+        s = {k: np.asarray(v, dtype=np.int64) for k, v in s.items()}
+        info = {"num_train": int(len(s["train"]))}
+        everything = np.concatenate([s["train"], s["val"], s["test"]])
+        for key, g in groups.items():
+            if len(everything):
+                info[key] = int(np.bincount(g[everything][g[everything] >= 0]).argmax()) if (g[everything] >= 0).any() else -1
+        clients.append(Client(i, x, y, s, meta, info, augment))
+    empty = [c.id for c in clients if c.num("train") == 0]
+    if empty:
+        raise ValueError(f"clients {empty[:10]} received no training samples; use fewer clients or another scheme")
+    recipe = {"dataset": dataset.name, "scheme": scheme, "num_clients": num_clients, "seed": seed, "split": split,
+              "test_fraction": test_fraction, "val_fraction": val_fraction, "task": task, "augment": augment,
+              "options": {k: v for k, v in options.items() if k not in ("groups", "superclass")}}
+    return Federation(meta, x, y, clients, recipe)

@@ -1,0 +1,211 @@
+"""The one round loop: sampling, client updates, aggregation, evaluation, checkpoints.
+
+Every algorithm in pflkit is trained by `run_rounds`. The loop owns what all
+algorithms share (which clients take part, how often to validate, which state to
+keep, when to checkpoint, the progress bar, the per-round history) and nothing
+an algorithm decides (what travels, how the server combines it).
+
+Determinism: client sampling draws from (seed, round) and each client update from
+(seed, client, round), so a run resumed from a checkpoint ends with exactly the
+numbers of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from pflkit.algorithms.base import Algorithm, Env, FLConfig, Update, check_config
+from pflkit.config import to_dict
+from pflkit.fl.federation import Federation
+from pflkit.fl.train import Diverged
+from pflkit.io import load_torch, save_torch
+
+log = logging.getLogger(__name__)
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes of all tensors / arrays inside a (nested) message or payload."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return sum(nbytes(getattr(obj, f)) for f in obj.__dataclass_fields__)
+    return 0
+
+
+def sample_clients(num_clients: int, cfg: FLConfig, env: Env, round_index: int) -> list[int]:
+    """Clients taking part in a round (FedL2P Alg. 1 line 3; pFedMe's Bernoulli protocol).
+
+    ``fraction``: max(1, round(r * C)) clients without replacement. ``bernoulli``: each
+    client independently with probability r (at least one client: redrawn if none).
+    """
+    gen = env.generator("sample", round_index)
+    if cfg.sampling == "fraction":
+        k = max(1, int(round(cfg.fraction * num_clients)))
+        return sorted(torch.randperm(num_clients, generator=gen)[:k].tolist())
+    while True:
+        picked = (torch.rand(num_clients, generator=gen) < cfg.fraction).nonzero().flatten().tolist()
+        if picked:
+            return picked
+
+
+def eval_clients(num_clients: int, cfg: FLConfig, env: Env) -> list[int]:
+    """The clients of every validation pass: all, or a fixed random subset."""
+    if cfg.eval_clients == 0 or cfg.eval_clients >= num_clients:
+        return list(range(num_clients))
+    gen = env.generator("eval-clients")
+    return sorted(torch.randperm(num_clients, generator=gen)[: cfg.eval_clients].tolist())
+
+
+def evaluate_clients(algo: Algorithm, state, client_states: dict, fed: Federation, ids, cfg, env: Env,
+                     split: str, desc: str | None = None) -> dict[int, dict]:
+    """Run ``algo.evaluate`` on each client of ``ids``; returns per-client metrics."""
+    out = {}
+    it = tqdm(ids, desc=desc, leave=False, disable=desc is None or None)
+    for cid in it:
+        env.seed_torch("eval", cid, split)
+        out[cid] = algo.evaluate(state, fed.clients[cid], client_states.get(cid), cfg, env, split)
+    return out
+
+
+def summarize(per_client: dict[int, dict]) -> dict[str, float]:
+    """Mean over clients of each client's accuracy and loss (the papers' personalized accuracy)."""
+    accs = [m["acc"] for m in per_client.values() if m.get("n", 1) > 0]
+    losses = [m["loss"] for m in per_client.values() if m.get("n", 1) > 0]
+    return {"acc": float(np.mean(accs)) if accs else math.nan, "loss": float(np.mean(losses)) if losses else math.nan}
+
+
+def _score(cfg: FLConfig, val: dict | None, updates: list[Update]) -> float | None:
+    """Higher is better."""
+    if cfg.select == "update_val_loss":
+        vals = [(u.metrics["val_loss"], u.num_samples) for u in updates if "val_loss" in u.metrics]
+        if not vals:
+            return None
+        w = sum(n for _, n in vals)
+        return -sum(v * n for v, n in vals) / w
+    if val is None:
+        return None
+    return val["acc"] if cfg.select == "val_acc" else -val["loss"]
+
+
+@dataclass
+class StageResult:
+    """What a training stage leaves: final (or best) state, per-client test metrics, history."""
+
+    status: str
+    state: Any
+    client_states: dict
+    history: list[dict]
+    per_client: dict[int, dict] = field(default_factory=dict)
+    best_round: int | None = None
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def summary(self) -> dict[str, float]:
+        return summarize(self.per_client) if self.per_client else {"acc": math.nan, "loss": math.nan}
+
+
+def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Module, env: Env, *,
+               checkpoint: str | os.PathLike | None = None, resume: bool = False, test: bool = True,
+               desc: str | None = None, checkpoint_every: int = 1) -> StageResult:
+    """Train ``algo`` for ``cfg.rounds`` rounds on ``fed``, then test every client.
+
+    Args:
+        algo: the algorithm's phase bundle.
+        cfg: its config (validated on construction).
+        fed: the federation.
+        model: the initial global model (fresh, or pretrained when ``algo.needs_pretrained``).
+        env: run context (model factory, device, seed).
+        checkpoint: file to write atomically every ``checkpoint_every`` rounds.
+        resume: continue from ``checkpoint`` if it exists.
+        test: evaluate every client's test split at the end.
+        desc: progress-bar label (None: no bar).
+
+    Returns:
+        A `StageResult`; ``status`` is ``"diverged"`` when a loss became non-finite.
+    """
+    check_config(algo, cfg)
+    t0 = time.perf_counter()
+    state = algo.init(model, fed, cfg, env)
+    client_states: dict[int, Any] = {}
+    history: list[dict] = []
+    best: tuple[float, int, Any, dict] | None = None
+    start = 0
+    if resume and checkpoint is not None and os.path.exists(checkpoint):
+        ck = load_torch(checkpoint)
+        start, state, client_states, history, best = ck["round"], ck["state"], ck["client_states"], ck["history"], ck["best"]
+        log.info("resumed %s at round %d from %s", algo.name, start, checkpoint)
+    val_ids = eval_clients(fed.num_clients, cfg, env)
+    bar = tqdm(range(start, cfg.rounds), desc=desc, initial=start, total=cfg.rounds, disable=desc is None or None)
+    try:
+        for t in bar:
+            env.round = t
+            tr = time.perf_counter()
+            ids = sample_clients(fed.num_clients, cfg, env, t)
+            updates, down, up = [], 0, 0
+            for cid in ids:
+                msg = algo.broadcast(state, cid, cfg, env)
+                env.seed_torch("client", cid, t)
+                upd, client_states[cid] = algo.client_update(msg, fed.clients[cid], client_states.get(cid), cfg, env)
+                down, up = down + nbytes(msg), up + nbytes(upd.payload)
+                updates.append(upd)
+            state = algo.aggregate(state, updates, cfg, env)
+            n = sum(u.num_samples for u in updates) or 1
+            losses = [u.metrics["loss"] * u.num_samples for u in updates if "loss" in u.metrics]
+            row = {"round": t + 1, "clients": len(ids), "train_loss": sum(losses) / n if losses else None,
+                   "bytes_down": down, "bytes_up": up}
+            if row["train_loss"] is not None and not math.isfinite(row["train_loss"]):
+                raise Diverged(f"non-finite training loss in round {t + 1}")
+            extra = {k: float(np.mean([u.metrics[k] for u in updates if k in u.metrics]))
+                     for k in {k for u in updates for k in u.metrics} - {"loss"}}
+            row.update({f"client_{k}": v for k, v in extra.items()})
+            val = None
+            if cfg.eval_every and ((t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds):
+                val = summarize(evaluate_clients(algo, state, client_states, fed, val_ids, cfg, env, "val"))
+                row.update({"val_acc": val["acc"], "val_loss": val["loss"]})
+            score = _score(cfg, val, updates)
+            if cfg.keep_best and score is not None and (best is None or score > best[0]):
+                best = (score, t + 1, copy.deepcopy(state), copy.deepcopy(client_states))
+            row["seconds"] = time.perf_counter() - tr
+            history.append(row)
+            if desc is not None:
+                bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_loss", "val_acc") if row.get(k) is not None})
+            log.info("%s round %d: %s", algo.name, t + 1, {k: v for k, v in row.items() if k != "round"})
+            if checkpoint is not None and ((t + 1) % checkpoint_every == 0 or t + 1 == cfg.rounds):
+                save_torch(checkpoint, {"round": t + 1, "state": state, "client_states": client_states,
+                                        "history": history, "best": best, "algorithm": algo.name,
+                                        "config": to_dict(cfg)})
+    except Diverged as e:
+        log.warning("%s diverged: %s", algo.name, e)
+        return StageResult("diverged", state, client_states, history, seconds=time.perf_counter() - t0, error=str(e))
+    finally:
+        bar.close()
+    best_round = None
+    if cfg.keep_best and best is not None:
+        _, best_round, state, client_states = best
+    result = StageResult("ok", state, client_states, history, best_round=best_round)
+    if test:
+        try:
+            result.per_client = evaluate_clients(algo, state, client_states, fed, range(fed.num_clients), cfg, env,
+                                                 "test", desc=None if desc is None else f"{desc}: test")
+        except Diverged as e:
+            result.status, result.error = "diverged", str(e)
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,110 @@
+"""Local training and evaluation on one client: the helpers every algorithm shares.
+
+These are the plain-SGD building blocks (FedAvg's local epochs, Local, fine-tuning
+baselines, personal heads). They work on an `nn.Module` the caller owns and on a
+`Client`'s splits; they never touch global state, and their randomness comes from
+the generator passed in.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pflkit.fl.federation import Client
+
+
+class Diverged(RuntimeError):
+    """A loss became NaN or infinite; the run is marked ``diverged``."""
+
+
+def get_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the model's state dict (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def set_state(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> nn.Module:
+    """Load ``state`` into ``model`` (copying) and return the model."""
+    model.load_state_dict(state, strict=strict)
+    return model
+
+
+def check_finite(value: float, where: str) -> float:
+    if not math.isfinite(value):
+        raise Diverged(f"non-finite loss ({value}) in {where}")
+    return value
+
+
+def make_sgd(params: Iterable[torch.nn.Parameter], lr: float, momentum: float = 0.0,
+             weight_decay: float = 0.0) -> torch.optim.SGD:
+    return torch.optim.SGD(list(params), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, generator: torch.Generator,
+              epochs: int = 1, steps: int = 0, momentum: float = 0.0, weight_decay: float = 0.0,
+              params: Iterable[torch.nn.Parameter] | None = None, max_grad_norm: float = 0.0,
+              extra_loss: Callable[[nn.Module], torch.Tensor] | None = None, split: str = "train",
+              augment: bool = True, device=None, where: str = "local training") -> dict[str, float]:
+    """Plain (momentum) SGD on a client's split; the model is trained in place.
+
+    Runs ``steps`` steps on fresh random batches when ``steps > 0`` (pFedHN's K local
+    steps), otherwise ``epochs`` shuffled passes. ``params`` restricts which parameters
+    move (FedPer heads, FedBABU bodies); ``extra_loss(model)`` adds a regularizer
+    (FedProx, Ditto, pFedMe). Raises `Diverged` on a non-finite loss.
+
+    Returns:
+        ``{"loss": mean training loss, "steps": steps taken, "samples": samples seen}``.
+    """
+    params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
+    opt = make_sgd(params, lr, momentum, weight_decay)
+    model.train()
+    total, seen, taken = 0.0, 0, 0
+
+    def step(xb, yb):
+        nonlocal total, seen, taken
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb)
+        if extra_loss is not None:
+            loss = loss + extra_loss(model)
+        loss.backward()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        value = check_finite(float(loss.detach()), where)
+        total += value * len(yb)
+        seen += len(yb)
+        taken += 1
+
+    if steps > 0:
+        for _ in range(steps):
+            step(*client.random_batch(split, batch_size, generator, device, augment))
+    else:
+        for _ in range(epochs):
+            for xb, yb in client.batches(split, batch_size, generator, shuffle=True, device=device, augment=augment):
+                step(xb, yb)
+    return {"loss": total / max(seen, 1), "steps": taken, "samples": seen}
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, client: Client, split: str = "test", batch_size: int = 512,
+                   device=None) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on a client's split (eval mode)."""
+    model.eval()
+    correct, loss, n = 0, 0.0, 0
+    for xb, yb in client.batches(split, batch_size, device=device):
+        out = model(xb)
+        loss += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+        n += len(yb)
+    if n == 0:
+        return {"acc": float("nan"), "loss": float("nan"), "n": 0, "correct": 0}
+    return {"acc": correct / n, "loss": loss / n, "n": n, "correct": correct}
+
+
+def client_batches(client: Client, split: str, batch_size: int = 512, device=None):
+    """Inputs only, for statistics passes (BN statistics, FedL2P client features)."""
+    for xb, _ in client.batches(split, batch_size, device=device):
+        yield xb

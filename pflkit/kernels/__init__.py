@@ -1,0 +1,238 @@
+"""Custom ops with a pure-PyTorch reference and a Triton kernel, behind one dispatcher.
+
+Ops (signatures and math: `pflkit.kernels.reference`; kernels: one file per op):
+
+* `mixed_batch_norm`   beta-mixed batch norm, FedL2P Eq. 1-2      (`mixed_bn_triton.py`)
+* `neumann_update`     Alg. 2 lines 3-4 over all tensors at once  (`neumann_triton.py`)
+* `layerwise_sgd_step` Eq. 10, per-tensor learning rates          (`sgd_triton.py`)
+
+Backend setting (module level; the config key and CLI flag ``kernels`` set it):
+
+* ``"auto"`` (default): Triton for CUDA tensors when Triton imports and the op takes the
+  inputs (e.g. not float64); the reference otherwise (CPU, MPS, Triton missing).
+* ``"triton"``: always the Triton op; an error saying why when it cannot run. CUDA tensors,
+  or CPU tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter: slow, for tests).
+* ``"reference"``: always the pure-PyTorch reference.
+
+The initial value comes from the environment variable ``PFLKIT_KERNELS``. Change it with
+`set_backend`, or temporarily with ``with use_backend("reference"): ...``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import math
+import os
+
+import torch
+
+from . import reference
+from ._triton_common import TRITON_IMPORT_ERROR, interpreter_enabled
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "triton", "reference")
+OPS = {"mixed_batch_norm": "mixed_bn_triton", "neumann_update": "neumann_triton",
+       "layerwise_sgd_step": "sgd_triton"}
+ENV_VAR = "PFLKIT_KERNELS"
+
+__all__ = ["BACKENDS", "OPS", "mixed_batch_norm", "neumann_update", "layerwise_sgd_step", "set_backend",
+           "get_backend", "use_backend", "is_available", "resolve", "validate_backend", "triton_importable"]
+
+
+def validate_backend(name: str) -> str:
+    """Return ``name`` if it is a backend, else raise a ValueError naming it."""
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"kernels backend must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
+def _initial_backend() -> str:
+    value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ValueError(f"environment variable {ENV_VAR} must be one of {BACKENDS}, got {value!r}")
+    return value
+
+
+_backend = _initial_backend()
+
+
+def set_backend(name: str) -> None:
+    """Select ``"auto"``, ``"triton"`` or ``"reference"`` for every later call."""
+    global _backend
+    _backend = validate_backend(name)
+
+
+def get_backend() -> str:
+    """The current setting (not the resolved implementation; see `resolve`)."""
+    return _backend
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Context manager: the given backend inside the block, the previous one after it."""
+    previous = get_backend()
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def triton_importable() -> bool:
+    return TRITON_IMPORT_ERROR is None
+
+
+def _triton_module(op: str):
+    return importlib.import_module(f"{__name__}.{OPS[op]}")
+
+
+def _device_reason(device: torch.device | None) -> str | None:
+    """Why Triton cannot run on ``device`` under the current setting, or None."""
+    if not triton_importable():
+        return f"Triton is not importable ({TRITON_IMPORT_ERROR!r})"
+    if device is None:
+        return "no tensors"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and interpreter_enabled() and _backend == "triton":
+        return None  # the interpreter runs CPU tensors; "auto" never picks this slow path
+    if _backend == "auto":
+        return f"{device.type} tensors (auto uses Triton for CUDA tensors only)"
+    return f"{device.type} tensors need CUDA (or TRITON_INTERPRET=1 for CPU tensors)"
+
+
+def _pick(op: str, device: torch.device | None, args: tuple):
+    """The module implementing ``op`` for these arguments under the current setting."""
+    if _backend == "reference":
+        return reference
+    reason = _device_reason(device)
+    module = None
+    if reason is None:
+        module = _triton_module(op)
+        reason = module.unsupported_reason(*args)
+    if reason is None:
+        return module
+    if _backend == "triton":
+        raise RuntimeError(f"kernels backend 'triton': {op} cannot run with Triton: {reason}")
+    _log_fallback(op, reason)
+    return reference
+
+
+@functools.lru_cache(maxsize=64)
+def _log_fallback(op: str, reason: str) -> None:
+    logger.debug("%s: using the PyTorch reference (%s)", op, reason)
+
+
+def resolve(op: str, device: torch.device | str | None = None) -> str:
+    """``"triton"`` or ``"reference"``: what a call of ``op`` on ``device`` would run now.
+
+    Only the backend setting and the device are considered (not per-input limits such as
+    dtype). Raises like the call would when the setting is "triton" and Triton cannot run.
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {sorted(OPS)}")
+    device = torch.device(device) if device is not None else None
+    if _backend == "reference":
+        return "reference"
+    reason = _device_reason(device)
+    if reason is not None and _backend == "triton":
+        raise RuntimeError(f"kernels backend 'triton': {op} cannot run with Triton: {reason}")
+    return "reference" if reason else "triton"
+
+
+def _first_device(*lists) -> torch.device | None:
+    for lst in lists:
+        for t in lst:
+            return t.device
+    return None
+
+
+def mixed_batch_norm(x: torch.Tensor, pt_mean: torch.Tensor, pt_var: torch.Tensor,
+                     client_mean: torch.Tensor | None, client_var: torch.Tensor | None,
+                     beta: float | torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                     training: bool, momentum: float = 0.1, eps: float = 1e-5, mode: str = "mixed") -> torch.Tensor:
+    """Beta-mixed batch norm (FedL2P Eq. 1-2); see `reference.mixed_batch_norm`."""
+    if _backend == "reference":
+        return reference.mixed_batch_norm(x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias,
+                                          training, momentum, eps, mode)
+    impl = _pick("mixed_batch_norm", x.device, (x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias))
+    return impl.mixed_batch_norm(x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias, training,
+                                 momentum, eps, mode)
+
+
+def neumann_update(v, hv, p, psi: float):
+    """Alg. 2 lines 3-4 for every tensor: ``(v - psi hv, p + v - psi hv)``; see `reference.neumann_update`."""
+    v, hv, p = list(v), list(hv), list(p)
+    impl = _pick("neumann_update", _first_device(v, hv, p), (v, hv, p, psi))
+    return impl.neumann_update(v, hv, p, psi)
+
+
+def layerwise_sgd_step(params, grads, eta: torch.Tensor, max_lr: float | None = None) -> list[torch.Tensor]:
+    """Eq. 10 with per-tensor learning rates and the clamp + STE rule; see `reference.layerwise_sgd_step`."""
+    params, grads = list(params), list(grads)
+    impl = _pick("layerwise_sgd_step", _first_device(params, grads), (params, grads, eta, max_lr))
+    return impl.layerwise_sgd_step(params, grads, eta, max_lr)
+
+
+# ---------------------------------------------------------------------------------------------
+# is_available: really run each Triton op once on a tiny input and compare with the reference.
+# ---------------------------------------------------------------------------------------------
+
+def _probe_device() -> torch.device | None:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if interpreter_enabled():
+        return torch.device("cpu")
+    return None
+
+
+def _probe(op: str, device: torch.device) -> bool:
+    gen = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    mod = _triton_module(op)
+    if op == "mixed_batch_norm":
+        x, stats = rnd(2, 3, 5), (rnd(3), rnd(3).abs() + 0.5, rnd(3), rnd(3).abs() + 0.5)
+        args = (x, *stats, 0.3, rnd(3), rnd(3), False)
+        got, want = mod.mixed_batch_norm(*args), reference.mixed_batch_norm(*args)
+        return bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4))
+    if op == "neumann_update":
+        v, hv, p = [rnd(7)], [rnd(7)], [rnd(7)]
+        got, want = mod.neumann_update(v, hv, p, 0.1), reference.neumann_update(v, hv, p, 0.1)
+        return all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got[0] + got[1], want[0] + want[1]))
+    params, grads, eta = [rnd(5), rnd(2, 3)], [rnd(5), rnd(2, 3)], rnd(2).abs()
+    got, want = mod.layerwise_sgd_step(params, grads, eta), reference.layerwise_sgd_step(params, grads, eta)
+    return all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+
+
+_probe_cache: dict[tuple, bool] = {}
+
+
+def is_available(op: str | None = None) -> bool:
+    """True when the Triton version of ``op`` (all ops when None) runs and matches the reference.
+
+    Tries it on a tiny input on the GPU, or on the CPU under ``TRITON_INTERPRET=1``; the answer
+    is cached per (op, device type, interpreter setting). Never raises for a broken Triton.
+    """
+    if op is not None and op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {sorted(OPS)}")
+    device = _probe_device()
+    if not triton_importable() or device is None:
+        return False
+    ok = True
+    for name in ([op] if op else list(OPS)):
+        key = (name, device.type, interpreter_enabled())
+        if key not in _probe_cache:
+            try:
+                with torch.no_grad():
+                    _probe_cache[key] = _probe(name, device)
+            except Exception as exc:  # a compiler / driver failure means "not available"
+                logger.warning("Triton %s is not available: %r", name, exc)
+                _probe_cache[key] = False
+        ok = ok and _probe_cache[key]
+    return ok

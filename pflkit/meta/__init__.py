@@ -1,0 +1,15 @@
+"""Meta-learning machinery of FedL2P: meta-nets, client statistics, functional fine-tuning,
+linear solvers and hypergradients. The algorithm itself is `pflkit.algorithms.fedl2p`."""
+from pflkit.meta.client_stats import ClientStats, bn_divergence, client_stats, layer_input_stats, symmetric_kl
+from pflkit.meta.functional import finetune, lookahead_loss, sgd_step, validation_loss
+from pflkit.meta.hypergrad import clip_by_value, fo_maml_metagrad, fomaml_plus, hf_maml_metagrad, ift_hypergrad
+from pflkit.meta.linear_solve import cg, neumann
+from pflkit.meta.metanets import MetaNet, MetaSpec, bnnet, clamp_ste, init_meta_params, lrnet, meta_hyperparams
+
+__all__ = [
+    "ClientStats", "bn_divergence", "client_stats", "layer_input_stats", "symmetric_kl",
+    "finetune", "lookahead_loss", "sgd_step", "validation_loss",
+    "clip_by_value", "fo_maml_metagrad", "fomaml_plus", "hf_maml_metagrad", "ift_hypergrad",
+    "cg", "neumann",
+    "MetaNet", "MetaSpec", "bnnet", "clamp_ste", "init_meta_params", "lrnet", "meta_hyperparams",
+]

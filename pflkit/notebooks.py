@@ -1,0 +1,57 @@
+"""Execute the repository's notebooks with papermill (batch regeneration and tests)."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def notebooks_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent / "notebooks"
+    if not here.is_dir():
+        raise FileNotFoundError(f"no notebooks folder at {here}; run from a clone of the repository")
+    return here
+
+
+def find_notebooks(only: str | None = None, root: Path | None = None) -> list[Path]:
+    """Every ``.ipynb`` under notebooks/ (or under one subfolder), sorted; checkpoints skipped."""
+    root = root or notebooks_dir()
+    base = root / only if only else root
+    if only and not base.is_dir():
+        folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise ValueError(f"--only {only!r}: no such folder under {root}; folders: {', '.join(folders)}")
+    return sorted(p for p in base.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Path = "notebooks_out",
+                  parameters: dict | None = None, kernel: str | None = None) -> list[Path]:
+    """Execute notebooks with papermill into ``out`` (mirroring folders).
+
+    Every notebook receives ``preset`` and ``out_dir`` (plus ``parameters``) through its
+    cell tagged ``parameters``. A failing cell raises `papermill.PapermillExecutionError`
+    naming the notebook and the cell, after the partially executed copy is written.
+    """
+    import papermill as pm
+
+    # the "python3" kernelspec runs whatever `python` is first on PATH: make it this interpreter
+    bindir = os.path.dirname(sys.executable)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    root = notebooks_dir()
+    out = Path(out)
+    done = []
+    for nb in find_notebooks(only, root):
+        rel = nb.relative_to(root)
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        params = {"preset": preset, "out_dir": str((out / rel.parent / rel.stem).resolve()), **(parameters or {})}
+        log.info("executing %s", rel)
+        pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name=kernel, cwd=str(nb.parent),
+                            progress_bar=False)
+        done.append(target)
+    if not done:
+        raise ValueError(f"no notebooks found under {root / (only or '')}")
+    return done

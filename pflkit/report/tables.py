@@ -1,0 +1,54 @@
+"""Tables from ``results.json``: our number beside the paper's, with the preset named."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import pandas as pd
+
+
+def _cell(mean, std, status) -> str:
+    if status != "ok" or mean is None:
+        return "diverge"
+    return f"{mean:.2f}±{std:.2f}"
+
+
+def results_table(results: dict) -> pd.DataFrame:
+    """One row per method: ours (mean ± std over seeds), the paper's number, status, communication.
+
+    Columns: ``method``, ``ours``, ``paper``, ``acc_mean``, ``acc_std``, ``seeds``, ``status``,
+    ``MB/round``. The preset is in ``df.attrs["preset"]``.
+    """
+    rows = []
+    for label, m in results["methods"].items():
+        rows.append({
+            "method": label,
+            "ours": _cell(m["acc_mean"], m["acc_std"], m["status"]),
+            "paper": "" if m.get("published") is None else f"{m['published']}",
+            "acc_mean": m["acc_mean"], "acc_std": m["acc_std"],
+            "seeds": len(m["per_seed"]), "status": m["status"],
+            "MB/round": round(m.get("bytes_per_round", 0.0) / 2**20, 3),
+        })
+    df = pd.DataFrame(rows)
+    cfg = results.get("config", {})
+    df.attrs.update({"preset": cfg.get("preset"), "experiment": cfg.get("name"), "title": cfg.get("title")})
+    return df
+
+
+def format_table(results: dict, columns: Iterable[str] = ("method", "ours", "paper", "status", "MB/round")) -> str:
+    """A plain-text table for terminals and notes, headed by experiment and preset."""
+    df = results_table(results)
+    head = f"{df.attrs.get('experiment')} ({df.attrs.get('title') or ''}) - preset {df.attrs.get('preset')}"
+    note = "accuracy: mean over clients of per-client test accuracy (%), ± std over seeds"
+    return f"{head}\n{df[list(columns)].to_string(index=False)}\n{note}"
+
+
+def compare_table(results_list: list[dict], key: str) -> pd.DataFrame:
+    """Several results side by side (e.g. Table 2's alpha rows): index = ``config`` value at
+    dotted ``key`` (e.g. ``data.partition.alpha``), columns = method labels, cells = mean accuracy."""
+    rows = {}
+    for res in results_list:
+        value = res["config"]
+        for part in key.split("."):
+            value = value[part]
+        rows[value] = {label: m["acc_mean"] for label, m in res["methods"].items()}
+    return pd.DataFrame.from_dict(rows, orient="index")

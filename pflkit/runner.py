@@ -1,0 +1,179 @@
+"""Run an experiment end to end and write its ``results.json``.
+
+For each seed: build the federation (saved beside the results), optionally train
+the pretraining stage (its global model is then tested on every client: the
+tables' "Global" column, and the start of every method that fine-tunes it), then
+train and test every method. Each finished stage is written to disk at once, so
+``resume=True`` skips finished stages and continues the unfinished one from its
+last round checkpoint: a resumed run ends with the numbers of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import pflkit
+from pflkit.algorithms import get_algorithm
+from pflkit.algorithms.base import Env
+from pflkit.data.datasets import load_dataset
+from pflkit.experiments import ExperimentConfig, StageConfig
+from pflkit.fl.federation import Federation, build_federation
+from pflkit.fl.loop import StageResult, run_rounds
+from pflkit.fl.train import set_state
+from pflkit.io import load_torch, read_json, save_torch, write_json
+from pflkit.models import build_model
+
+log = logging.getLogger(__name__)
+
+
+def slug(label: str) -> str:
+    """A file-name-safe form of a method label: 'FT (BN C)' -> 'ft-bn-c'."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "method"
+
+
+def version_info() -> dict:
+    """pflkit version and git commit (if run from a clone), torch and Python versions."""
+    commit = None
+    try:
+        root = Path(pflkit.__file__).resolve().parent.parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"pflkit": pflkit.__version__, "git": commit, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def make_env(cfg: ExperimentConfig, fed: Federation, seed: int) -> Env:
+    """The run context: a factory for the experiment's model on its device."""
+    if cfg.kernels != "auto":
+        from pflkit import kernels
+
+        if hasattr(kernels, "set_backend"):
+            kernels.set_backend(cfg.kernels)
+    device = torch.device(cfg.device)
+
+    def model_fn():
+        return build_model(cfg.model.name, num_classes=fed.num_classes, input_shape=tuple(fed.x.shape[1:]),
+                           **cfg.model.options)
+
+    return Env(model_fn=model_fn, device=device, seed=seed, kernels=cfg.kernels)
+
+
+def initial_model(env: Env) -> torch.nn.Module:
+    """The run's seeded initial model (every method trained from scratch starts here)."""
+    env.seed_torch("init")
+    return env.model_fn().to(env.device)
+
+
+def _stage_record(result: StageResult) -> dict:
+    per_client = {int(k): v for k, v in result.per_client.items()}
+    return {"status": result.status, "error": result.error, "best_round": result.best_round,
+            "seconds": result.seconds, "summary": result.summary,
+            "per_client": [per_client[k] for k in sorted(per_client)], "history": result.history}
+
+
+def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool) -> dict:
+    """Train and test one stage, or read it back if a previous run finished it."""
+    done = seed_dir / f"{slug(stage.label)}.json"
+    if resume and done.exists():
+        log.info("stage %s already finished: %s", stage.label, done)
+        return read_json(done)
+    algo = get_algorithm(stage.algorithm)
+    result = run_rounds(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
+                        resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None)
+    record = _stage_record(result)
+    if algo.exports_global and result.status == "ok":
+        save_torch(seed_dir / f"{slug(stage.label)}.weights.pt", algo.global_model(result.state))
+    write_json(done, record)
+    (seed_dir / f"{slug(stage.label)}.ckpt").unlink(missing_ok=True)
+    return record
+
+
+def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool) -> dict[str, dict]:
+    """All stages of one seed; returns {label: stage record}."""
+    seed_dir = out / f"seed{seed}"
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    fed_path = seed_dir / "federation.npz"
+    d = cfg.data
+    fed = build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
+                           test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
+                           augment=d.augment, **d.partition)
+    fed.save(fed_path)
+    env = make_env(cfg, fed, seed)
+    records: dict[str, dict] = {}
+    pretrained = None
+    if cfg.pretrain is not None:
+        records[cfg.pretrain.label] = rec = _run_stage(cfg.pretrain, fed, env, initial_model(env), seed_dir, resume, progress)
+        weights = seed_dir / f"{slug(cfg.pretrain.label)}.weights.pt"
+        if rec["status"] == "ok" and weights.exists():
+            pretrained = load_torch(weights)
+    for stage in cfg.methods:
+        algo = get_algorithm(stage.algorithm)
+        if algo.needs_pretrained:
+            if pretrained is None:
+                records[stage.label] = {"status": "diverged", "error": "pretraining diverged", "per_client": [],
+                                        "summary": {"acc": math.nan}, "history": [], "seconds": 0.0}
+                continue
+            start = set_state(initial_model(env), pretrained)
+        else:
+            start = initial_model(env)
+        records[stage.label] = _run_stage(stage, fed, env, start, seed_dir, resume, progress)
+    return records
+
+
+def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], published) -> dict:
+    ok = [r for r in per_seed_records if r["status"] == "ok"]
+    accs = [100.0 * r["summary"]["acc"] for r in ok]
+    status = "ok" if len(ok) == len(per_seed_records) else "diverged"
+    rounds = [r["history"] for r in per_seed_records]
+    bytes_round = [np.mean([h["bytes_down"] + h["bytes_up"] for h in hist]) for hist in rounds if hist]
+    return {
+        "algorithm": algorithm, "status": status,
+        "acc_mean": float(np.mean(accs)) if accs and status == "ok" else None,
+        "acc_std": float(np.std(accs)) if accs and status == "ok" else None,
+        "per_seed": [100.0 * r["summary"]["acc"] if r["status"] == "ok" else None for r in per_seed_records],
+        "per_client": [[100.0 * c["acc"] for c in r["per_client"]] for r in per_seed_records],
+        "best_round": [r.get("best_round") for r in per_seed_records],
+        "bytes_per_round": float(np.mean(bytes_round)) if bytes_round else 0.0,
+        "published": published,
+    }
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, resume: bool = False,
+                   progress: bool = True) -> dict:
+    """Run every seed of ``cfg`` into ``out`` and write ``out/results.json`` (atomically).
+
+    Returns the results dict (keys: config, status, methods, rounds, timing, version).
+    Accuracies in ``methods`` are percentages (mean over clients of each client's test
+    accuracy; ``acc_std`` is the standard deviation over seeds).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    dataset = load_dataset(cfg.data.dataset, data_root, **cfg.data.options)
+    t_data = time.perf_counter() - t0
+    seeds = [cfg.seed + k for k in range(cfg.seeds)]
+    per_seed = {s: run_seed(cfg, dataset, s, out, resume, progress) for s in seeds}
+    stages = ([cfg.pretrain] if cfg.pretrain else []) + list(cfg.methods)
+    methods = {st.label: _method_entry(st.label, st.algorithm, [per_seed[s][st.label] for s in seeds],
+                                       cfg.published.get(st.label)) for st in stages}
+    results = {
+        "config": cfg.to_dict(),
+        "status": "ok" if all(m["status"] == "ok" for m in methods.values()) else "diverged",
+        "methods": methods,
+        "rounds": {st.label: {f"seed{s}": per_seed[s][st.label]["history"] for s in seeds} for st in stages},
+        "timing": {"total_seconds": time.perf_counter() - t0, "data_seconds": t_data,
+                   "stages": {st.label: {f"seed{s}": per_seed[s][st.label].get("seconds", 0.0) for s in seeds}
+                              for st in stages}},
+        "version": version_info(),
+    }
+    write_json(out / "results.json", results)
+    return results

@@ -1,0 +1,38 @@
+"""Shared test settings: one thread per worker, the offline data folder, tolerances."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+# one place for numerical tolerances, by dtype
+TOL = {
+    torch.float64: {"atol": 1e-10, "rtol": 1e-8},
+    torch.float32: {"atol": 1e-5, "rtol": 1e-4},
+    torch.float16: {"atol": 2e-2, "rtol": 2e-2},
+    torch.bfloat16: {"atol": 5e-2, "rtol": 5e-2},
+}
+
+
+def shared_data_dir() -> Path:
+    """The offline datasets beside the repository (../shared/data), or $PFLKIT_SHARED_DATA."""
+    env = os.environ.get("PFLKIT_SHARED_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"offline data folder {path} is absent")
+    return path
+
+
+@pytest.fixture
+def tol():
+    return TOL

@@ -1,0 +1,114 @@
+import math
+
+import pytest
+import torch
+
+from pflkit.algorithms import ALGORITHMS, replace
+from pflkit.algorithms.base import Update
+from pflkit.fl.federation import build_federation
+from pflkit.fl.loop import eval_clients, run_rounds, sample_clients
+from tests.helpers_data import digits_dataset, digits_env
+
+FEDAVG = ALGORITHMS["fedavg"]
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return build_federation(digits_dataset(), "dirichlet", 8, seed=0, alpha=0.5)
+
+
+def _cfg(**kw):
+    base = {"rounds": 4, "fraction": 0.5, "lr": 0.05, "batch_size": 16, "eval_every": 2}
+    return FEDAVG.make_config({**base, **kw})
+
+
+def _model(env):
+    env.seed_torch("init")
+    return env.model_fn()
+
+
+def test_sampling_counts_and_determinism():
+    env = digits_env()
+    cfg = _cfg(fraction=0.3)
+    a = sample_clients(20, cfg, env, 5)
+    assert len(a) == 6 and len(set(a)) == 6
+    assert a == sample_clients(20, cfg, env, 5)
+    assert a != sample_clients(20, cfg, env, 6)
+    bern = FEDAVG.make_config({"sampling": "bernoulli", "fraction": 0.1})
+    sizes = [len(sample_clients(200, bern, env, t)) for t in range(30)]
+    assert 12 < sum(sizes) / len(sizes) < 28  # Binomial(200, 0.1): mean 20
+    assert eval_clients(20, _cfg(eval_clients=5), env) == eval_clients(20, _cfg(eval_clients=5), env)
+
+
+def test_one_round_is_the_weighted_average_of_client_models(fed):
+    """Aggregation through the loop equals averaging independently trained client copies."""
+    env = digits_env()
+    cfg = _cfg(rounds=1, keep_best=False, eval_every=0)
+    start = _model(env)
+    res = run_rounds(FEDAVG, cfg, fed, start, env, test=False)
+    ids = sample_clients(fed.num_clients, cfg, env, 0)
+    w0 = {k: v.clone() for k, v in start.state_dict().items()}
+    states, sizes = [], []
+    for cid in ids:
+        env.round = 0
+        env.seed_torch("client", cid, 0)
+        upd, _ = FEDAVG.client_update(w0, fed.clients[cid], None, cfg, env)
+        states.append(upd.payload)
+        sizes.append(fed.clients[cid].num("train"))
+    for k, v in res.state["weights"].items():
+        if v.is_floating_point():
+            hand = sum(s[k].double() * n for s, n in zip(states, sizes)) / sum(sizes)
+            torch.testing.assert_close(v.double(), hand, atol=1e-6, rtol=1e-6)
+
+
+def test_fedavg_learns_on_real_digits(fed):
+    env = digits_env()
+    res = run_rounds(FEDAVG, _cfg(rounds=8, momentum=0.9), fed, _model(env), env)
+    assert res.status == "ok"
+    assert res.summary["acc"] > 0.6, res.summary  # chance is 0.1
+    assert res.history[-1]["bytes_up"] > 0 and res.history[-1]["bytes_down"] == res.history[-1]["bytes_up"]
+
+
+def test_resume_gives_the_numbers_of_an_uninterrupted_run(fed, tmp_path):
+    env = digits_env()
+    cfg = _cfg(rounds=4)
+    full = run_rounds(FEDAVG, cfg, fed, _model(env), env, checkpoint=tmp_path / "a.ckpt")
+
+    calls = {"n": 0}
+
+    def dying_aggregate(state, updates, c, e):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # the run is killed during round 3
+        return FEDAVG.aggregate(state, updates, c, e)
+
+    dying = replace(FEDAVG, aggregate=dying_aggregate)
+    env2 = digits_env()
+    with pytest.raises(KeyboardInterrupt):
+        run_rounds(dying, cfg, fed, _model(env2), env2, checkpoint=tmp_path / "b.ckpt")
+    env3 = digits_env()
+    resumed = run_rounds(FEDAVG, cfg, fed, _model(env3), env3, checkpoint=tmp_path / "b.ckpt", resume=True)
+    for k in full.state["weights"]:
+        assert torch.equal(full.state["weights"][k], resumed.state["weights"][k]), k
+    assert full.per_client == resumed.per_client
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert strip(full.history) == strip(resumed.history)
+    assert full.best_round == resumed.best_round
+
+
+def test_non_finite_loss_marks_the_run_diverged(fed):
+    def nan_update(msg, client, cs, cfg, env):
+        return Update(client.id, client.num("train"), msg, {"loss": math.nan}), cs
+
+    bad = replace(FEDAVG, client_update=nan_update)
+    env = digits_env()
+    res = run_rounds(bad, _cfg(rounds=3), fed, _model(env), env)
+    assert res.status == "diverged" and "non-finite" in res.error
+    assert res.per_client == {}
+
+
+def test_keep_best_restores_the_best_validation_state(fed):
+    env = digits_env()
+    res = run_rounds(FEDAVG, _cfg(rounds=4, eval_every=1, keep_best=True), fed, _model(env), env)
+    vals = [h["val_acc"] for h in res.history]
+    assert res.best_round == 1 + max(range(len(vals)), key=lambda i: (vals[i], -i))
