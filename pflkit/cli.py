@@ -62,8 +62,7 @@ def _cmd_notebooks(args) -> int:
 def _cmd_pack(args) -> int:
     from pflkit.data.pack import pack
 
-    out = Path(args.out or f"{args.name}.npz")
-    pack(args.name, args.data_root, out)
+    out = pack(args.name, args.data_root, args.out, download=args.download)
     print(f"wrote {out}")
     return 0
 
@@ -104,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = dsub.add_parser("pack", help="write a dataset as an offline .npz")
     q.add_argument("name")
     q.add_argument("--data-root", help="folder holding the downloaded dataset")
-    q.add_argument("--out", help="output .npz (default: NAME.npz)")
+    q.add_argument("--out", help="output .npz (default: NAME.npz in the first data root, where load_dataset looks)")
+    q.add_argument("--download", action="store_true", help="download through torchvision first, where it can")
     q.set_defaults(fn=_cmd_pack)
     return parser
 
@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, ValueError, TypeError, FileNotFoundError) as e:
+        if args.verbose:  # the full traceback for debugging
+            raise
         print(f"pflkit: error: {e}", file=sys.stderr)
         return 2
 

@@ -68,6 +68,7 @@ class DataConfig:
     val_fraction: float = 0.2
     task: str = "label"
     augment: str = "none"
+    unseen_clients: int = 0
 
     def __post_init__(self):
         from pflkit.data.partition import PARTITIONS
@@ -75,6 +76,8 @@ class DataConfig:
 
         one_of("data.scheme", self.scheme, set(PARTITIONS))
         require(self.num_clients >= 1, "data.num_clients", self.num_clients, "must be >= 1")
+        require(0 <= self.unseen_clients < self.num_clients, "data.unseen_clients", self.unseen_clients,
+                "must be in [0, data.num_clients)")
         one_of("data.split", self.split, {"pool", "paired"})
         one_of("data.task", self.task, {"label", "superclass"})
         one_of("data.augment", self.augment, set(AUGMENTS))

@@ -27,7 +27,8 @@ def find_notebooks(only: str | None = None, root: Path | None = None) -> list[Pa
 
 
 def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Path = "notebooks_out",
-                  parameters: dict | None = None, kernel: str | None = None) -> list[Path]:
+                  parameters: dict | None = None, kernel: str | None = None,
+                  only_names: list[str] | None = None) -> list[Path]:
     """Execute notebooks with papermill into ``out`` (mirroring folders).
 
     Every notebook receives ``preset`` and ``out_dir`` (plus ``parameters``) through its
@@ -44,6 +45,8 @@ def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Pat
     out = Path(out)
     done = []
     for nb in find_notebooks(only, root):
+        if only_names is not None and nb.name not in only_names:
+            continue
         rel = nb.relative_to(root)
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,9 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     result = run_rounds(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
                         resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None)
     record = _stage_record(result)
+    if algo.report is not None and result.status == "ok":
+        write_json(seed_dir / f"{slug(stage.label)}.report.json",
+                   algo.report(result.state, fed, stage.config, env, result.client_states))
     if algo.exports_global and result.status == "ok":
         save_torch(seed_dir / f"{slug(stage.label)}.weights.pt", algo.global_model(result.state))
     write_json(done, record)
@@ -97,15 +100,15 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     return record
 
 
-def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool) -> dict[str, dict]:
-    """All stages of one seed; returns {label: stage record}."""
+def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool):
+    """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids})."""
     seed_dir = out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     fed_path = seed_dir / "federation.npz"
     d = cfg.data
     fed = build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
                            test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
-                           augment=d.augment, **d.partition)
+                           augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
     fed.save(fed_path)
     env = make_env(cfg, fed, seed)
     records: dict[str, dict] = {}
@@ -126,12 +129,19 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
         else:
             start = initial_model(env)
         records[stage.label] = _run_stage(stage, fed, env, start, seed_dir, resume, progress)
-    return records
+    return records, {"seen": fed.seen_ids, "unseen": fed.unseen_ids}
 
 
-def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], published) -> dict:
-    ok = [r for r in per_seed_records if r["status"] == "ok"]
-    accs = [100.0 * r["summary"]["acc"] for r in ok]
+def _pool_acc(record: dict, ids: list[int]) -> float:
+    return 100.0 * float(np.mean([record["per_client"][i]["acc"] for i in ids]))
+
+
+def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], published,
+                  pools: list[dict[str, list[int]]]) -> dict:
+    """Summary of one method over seeds; with an unseen pool, acc_* are over seen clients."""
+    ok = [(r, p) for r, p in zip(per_seed_records, pools) if r["status"] == "ok"]
+    accs = [_pool_acc(r, p["seen"]) for r, p in ok]
+    unseen = [_pool_acc(r, p["unseen"]) for r, p in ok if p["unseen"]]
     status = "ok" if len(ok) == len(per_seed_records) else "diverged"
     rounds = [r["history"] for r in per_seed_records]
     bytes_round = [np.mean([h["bytes_down"] + h["bytes_up"] for h in hist]) for hist in rounds if hist]
@@ -139,7 +149,10 @@ def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], publ
         "algorithm": algorithm, "status": status,
         "acc_mean": float(np.mean(accs)) if accs and status == "ok" else None,
         "acc_std": float(np.std(accs)) if accs and status == "ok" else None,
-        "per_seed": [100.0 * r["summary"]["acc"] if r["status"] == "ok" else None for r in per_seed_records],
+        "per_seed": [_pool_acc(r, p["seen"]) if r["status"] == "ok" else None
+                     for r, p in zip(per_seed_records, pools)],
+        "unseen": None if not unseen or status != "ok" else {"acc_mean": float(np.mean(unseen)),
+                                                             "acc_std": float(np.std(unseen)), "per_seed": unseen},
         "per_client": [[100.0 * c["acc"] for c in r["per_client"]] for r in per_seed_records],
         "best_round": [r.get("best_round") for r in per_seed_records],
         "bytes_per_round": float(np.mean(bytes_round)) if bytes_round else 0.0,
@@ -161,10 +174,11 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, re
     dataset = load_dataset(cfg.data.dataset, data_root, **cfg.data.options)
     t_data = time.perf_counter() - t0
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
-    per_seed = {s: run_seed(cfg, dataset, s, out, resume, progress) for s in seeds}
+    runs = {s: run_seed(cfg, dataset, s, out, resume, progress) for s in seeds}
+    per_seed = {s: r[0] for s, r in runs.items()}
     stages = ([cfg.pretrain] if cfg.pretrain else []) + list(cfg.methods)
     methods = {st.label: _method_entry(st.label, st.algorithm, [per_seed[s][st.label] for s in seeds],
-                                       cfg.published.get(st.label)) for st in stages}
+                                       cfg.published.get(st.label), [runs[s][1] for s in seeds]) for st in stages}
     results = {
         "config": cfg.to_dict(),
         "status": "ok" if all(m["status"] == "ok" for m in methods.values()) else "diverged",

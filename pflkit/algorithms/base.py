@@ -152,6 +152,9 @@ class Algorithm:
         config: the frozen dataclass of its hyperparameters (a subclass of FLConfig).
         needs_pretrained: starts from the experiment's pretrained global model.
         exports_global: ``global_model(state)`` gives a model worth reporting / reusing.
+        report: optional ``report(state, fed, cfg, env, client_states) -> JSON-able`` with what
+            the algorithm learned per client (FedL2P's beta / eta, FedSelect's masks); the
+            runner stores it beside the stage's results.
     """
 
     name: str
@@ -163,6 +166,7 @@ class Algorithm:
     aggregate: Callable
     evaluate: Callable
     global_model: Callable = lambda state: None
+    report: Callable | None = None
     needs_pretrained: bool = False
     exports_global: bool = False
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from .base import Dataset, Loader
-from .sources import audio, cifar, digits, domains, folders, mnist_family, omniglot
+from .sources import audio, cifar, cifar10c, digits, domains, folders, mnist_family, omniglot
 from .sources.common import Found
 
 DATASETS: dict[str, Loader] = {
@@ -32,6 +32,7 @@ DATASETS: dict[str, Loader] = {
     "domainnet": folders.load_domainnet,
     "sun397": folders.load_sun397,
     "digit_domains": domains.load_digit_domains,
+    "cifar10c": cifar10c.load_cifar10c,
 }
 
 # Readers return the arrays of the npz schema (before features / resizing); `pack` writes them.

@@ -113,6 +113,16 @@ class Federation:
     def num_classes(self) -> int:
         return self.meta.num_classes
 
+    @property
+    def seen_ids(self) -> list[int]:
+        """Clients that take part in training; the others ("unseen", FedL2P sec. 4.3) are only tested."""
+        unseen = set(self.recipe.get("unseen", []))
+        return [c.id for c in self.clients if c.id not in unseen]
+
+    @property
+    def unseen_ids(self) -> list[int]:
+        return sorted(self.recipe.get("unseen", []))
+
     def sizes(self, split: str = "train") -> np.ndarray:
         return np.array([c.num(split) for c in self.clients])
 
@@ -186,6 +196,12 @@ def _scheme_kwargs(fn, options: dict, groups, superclass) -> dict:
     return kw
 
 
+def _majority(values: np.ndarray) -> int:
+    """The most frequent non-negative id (-1 marks samples without that metadata)."""
+    known = values[values >= 0]
+    return int(np.bincount(known).argmax()) if len(known) else -1
+
+
 def _holdout(idx: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Split ``idx`` into (rest, held) with round(frac * n) held out (at least 1 if frac > 0 and n > 1)."""
     idx = rng.permutation(idx)
@@ -197,7 +213,7 @@ def _holdout(idx: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np
 
 def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: int, split: str = "pool",
                      test_fraction: float = 0.2, val_fraction: float = 0.2, task: str = "label",
-                     augment: str = "none", **options) -> Federation:
+                     augment: str = "none", unseen_clients: int = 0, **options) -> Federation:
     """Partition a dataset among clients and give each a train / val / test split.
 
     Args:
@@ -210,6 +226,8 @@ def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: i
         val_fraction: share of each client's remaining train samples held out for validation.
         task: ``"label"`` or ``"superclass"`` (predict the superclass; pFedVEM's concept drift).
         augment: batch augmentation for training (``"none"``, ``"crop_flip"``).
+        unseen_clients: this many clients (chosen at random from the seed) never take part
+            in training and are only tested: FedL2P's unseen pool (sec. 4.3, Table 4).
         **options: the scheme's own options (alpha, classes_per_client, ...).
     """
     from pflkit.data.partition import PARTITIONS
@@ -221,6 +239,8 @@ def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: i
     for key, frac in (("test_fraction", test_fraction), ("val_fraction", val_fraction)):
         if not 0 <= frac < 1:
             raise ValueError(f"{key}={frac!r}: must be in [0, 1)")
+    if not 0 <= unseen_clients < num_clients:
+        raise ValueError(f"unseen_clients={unseen_clients!r}: must be in [0, num_clients={num_clients})")
     if split == "paired" and len(dataset.y_test) == 0:
         raise ValueError(f"split='paired' needs a test split, but dataset {dataset.name!r} has none; use split='pool'")
     meta, x, y = _pool(dataset, task)
@@ -252,14 +272,15 @@ def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: i
         s = {k: np.asarray(v, dtype=np.int64) for k, v in s.items()}
         info = {"num_train": int(len(s["train"]))}
         everything = np.concatenate([s["train"], s["val"], s["test"]])
-        for key, g in groups.items():
-            if len(everything):
-                info[key] = int(np.bincount(g[everything][g[everything] >= 0]).argmax()) if (g[everything] >= 0).any() else -1
+        info.update({key: _majority(g[everything]) for key, g in groups.items()})
         clients.append(Client(i, x, y, s, meta, info, augment))
     empty = [c.id for c in clients if c.num("train") == 0]
     if empty:
         raise ValueError(f"clients {empty[:10]} received no training samples; use fewer clients or another scheme")
-    recipe = {"dataset": dataset.name, "scheme": scheme, "num_clients": num_clients, "seed": seed, "split": split,
+    unseen = sorted(np.random.default_rng(seed + 104729).permutation(num_clients)[:unseen_clients].tolist())
+    for c in clients:
+        c.info["pool"] = "unseen" if c.id in unseen else "seen"
+    recipe = {"unseen": unseen, "dataset": dataset.name, "scheme": scheme, "num_clients": num_clients, "seed": seed, "split": split,
               "test_fraction": test_fraction, "val_fraction": val_fraction, "task": task, "augment": augment,
               "options": {k: v for k, v in options.items() if k not in ("groups", "superclass")}}
     return Federation(meta, x, y, clients, recipe)

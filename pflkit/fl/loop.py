@@ -49,28 +49,32 @@ def nbytes(obj: Any) -> int:
     return 0
 
 
-def sample_clients(num_clients: int, cfg: FLConfig, env: Env, round_index: int) -> list[int]:
+def sample_clients(clients: int | list[int], cfg: FLConfig, env: Env, round_index: int) -> list[int]:
     """Clients taking part in a round (FedL2P Alg. 1 line 3; pFedMe's Bernoulli protocol).
 
+    ``clients``: the ids that may take part (or their count C, meaning 0..C-1).
     ``fraction``: max(1, round(r * C)) clients without replacement. ``bernoulli``: each
     client independently with probability r (at least one client: redrawn if none).
     """
+    ids = list(range(clients)) if isinstance(clients, int) else list(clients)
+    n = len(ids)
     gen = env.generator("sample", round_index)
     if cfg.sampling == "fraction":
-        k = max(1, int(round(cfg.fraction * num_clients)))
-        return sorted(torch.randperm(num_clients, generator=gen)[:k].tolist())
+        k = max(1, int(round(cfg.fraction * n)))
+        return sorted(ids[i] for i in torch.randperm(n, generator=gen)[:k].tolist())
     while True:
-        picked = (torch.rand(num_clients, generator=gen) < cfg.fraction).nonzero().flatten().tolist()
+        picked = (torch.rand(n, generator=gen) < cfg.fraction).nonzero().flatten().tolist()
         if picked:
-            return picked
+            return [ids[i] for i in picked]
 
 
-def eval_clients(num_clients: int, cfg: FLConfig, env: Env) -> list[int]:
-    """The clients of every validation pass: all, or a fixed random subset."""
-    if cfg.eval_clients == 0 or cfg.eval_clients >= num_clients:
-        return list(range(num_clients))
+def eval_clients(clients: int | list[int], cfg: FLConfig, env: Env) -> list[int]:
+    """The clients of every validation pass: all (seen) clients, or a fixed random subset."""
+    ids = list(range(clients)) if isinstance(clients, int) else list(clients)
+    if cfg.eval_clients == 0 or cfg.eval_clients >= len(ids):
+        return ids
     gen = env.generator("eval-clients")
-    return sorted(torch.randperm(num_clients, generator=gen)[: cfg.eval_clients].tolist())
+    return sorted(ids[i] for i in torch.randperm(len(ids), generator=gen)[: cfg.eval_clients].tolist())
 
 
 def evaluate_clients(algo: Algorithm, state, client_states: dict, fed: Federation, ids, cfg, env: Env,
@@ -152,13 +156,13 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         ck = load_torch(checkpoint)
         start, state, client_states, history, best = ck["round"], ck["state"], ck["client_states"], ck["history"], ck["best"]
         log.info("resumed %s at round %d from %s", algo.name, start, checkpoint)
-    val_ids = eval_clients(fed.num_clients, cfg, env)
+    val_ids = eval_clients(fed.seen_ids, cfg, env)
     bar = tqdm(range(start, cfg.rounds), desc=desc, initial=start, total=cfg.rounds, disable=desc is None or None)
     try:
         for t in bar:
             env.round = t
             tr = time.perf_counter()
-            ids = sample_clients(fed.num_clients, cfg, env, t)
+            ids = sample_clients(fed.seen_ids, cfg, env, t)
             updates, down, up = [], 0, 0
             for cid in ids:
                 msg = algo.broadcast(state, cid, cfg, env)

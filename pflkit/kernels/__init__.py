@@ -23,13 +23,12 @@ import contextlib
 import functools
 import importlib
 import logging
-import math
 import os
 
 import torch
 
 from . import reference
-from ._triton_common import TRITON_IMPORT_ERROR, interpreter_enabled
+from ._triton_common import interpreter_enabled, interpreter_usable, load_triton, triton_import_error
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +81,8 @@ def use_backend(name: str):
 
 
 def triton_importable() -> bool:
-    return TRITON_IMPORT_ERROR is None
+    """True when ``import triton`` works (imports it on the first call)."""
+    return load_triton() is not None
 
 
 def _triton_module(op: str):
@@ -90,18 +90,21 @@ def _triton_module(op: str):
 
 
 def _device_reason(device: torch.device | None) -> str | None:
-    """Why Triton cannot run on ``device`` under the current setting, or None."""
-    if not triton_importable():
-        return f"Triton is not importable ({TRITON_IMPORT_ERROR!r})"
+    """Why Triton cannot run on ``device`` under the current setting, or None.
+
+    Triton is only imported when it could run, so "auto" on CPU tensors never imports it.
+    """
     if device is None:
         return "no tensors"
-    if device.type == "cuda":
-        return None
-    if device.type == "cpu" and interpreter_enabled() and _backend == "triton":
-        return None  # the interpreter runs CPU tensors; "auto" never picks this slow path
-    if _backend == "auto":
-        return f"{device.type} tensors (auto uses Triton for CUDA tensors only)"
-    return f"{device.type} tensors need CUDA (or TRITON_INTERPRET=1 for CPU tensors)"
+    # the interpreter runs CPU tensors for "triton"; "auto" never picks that slow path
+    runnable = device.type == "cuda" or (device.type == "cpu" and _backend == "triton" and interpreter_enabled())
+    if not runnable:
+        if _backend == "auto":
+            return f"{device.type} tensors (auto uses Triton for CUDA tensors only)"
+        return f"{device.type} tensors need CUDA (or TRITON_INTERPRET=1 for CPU tensors)"
+    if not triton_importable():
+        return f"Triton is not importable ({triton_import_error()!r})"
+    return None
 
 
 def _pick(op: str, device: torch.device | None, args: tuple):
@@ -182,9 +185,9 @@ def layerwise_sgd_step(params, grads, eta: torch.Tensor, max_lr: float | None = 
 # ---------------------------------------------------------------------------------------------
 
 def _probe_device() -> torch.device | None:
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not interpreter_enabled():
         return torch.device("cuda")
-    if interpreter_enabled():
+    if interpreter_usable():
         return torch.device("cpu")
     return None
 

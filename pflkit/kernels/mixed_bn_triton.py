@@ -49,48 +49,82 @@ import math
 import torch
 
 from . import reference
-from ._triton_common import cdiv, lazy_jit, next_pow2, programs_target, tl
+from ._triton_common import cdiv, lazy_jit, next_pow2, programs_target
 
-TILE = 4096            # elements per (channel block x position block) tile
+# `tl` is bound to triton.language in the namespace the kernels are jitted in
+# (`_triton_common.lazy_jit`), so importing this module does not import Triton.
+tl = None
+
+TILE = 2048            # elements per (channel block x position block) tile: 8 per thread at 8 warps
 SPATIAL_MIN = 256      # channels-first inputs with S >= this tile along the spatial axis
 FIN_BLOCK_C = 128      # channels per program of the finalize kernels
 FIN_BLOCK_S = 16       # splits merged per step by the finalize kernels
+GENERAL, UNIT_S, UNIT_C = 0, 1, 2   # layout codes: arbitrary strides, sS == 1, sC == 1
+
+
+@lazy_jit
+def _tile(t, S, M, s_blocks, SPATIAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Positions of tile ``t``: image index n, spatial index s, validity, element count.
+
+    SPATIAL tiles cover BLOCK_M consecutive positions of one image (n is a scalar); the
+    others cover BLOCK_M consecutive flattened (n, s) positions (n is a vector).
+    """
+    if SPATIAL:
+        n = t // s_blocks
+        s0 = (t - n * s_blocks) * BLOCK_M
+        s = s0 + tl.arange(0, BLOCK_M)
+        valid = s < S
+        count = tl.minimum(S - s0, BLOCK_M)
+    else:
+        m0 = t * BLOCK_M
+        m = m0 + tl.arange(0, BLOCK_M)
+        valid = m < M
+        n = m // S
+        s = m - n * S
+        count = tl.minimum(M - m0, BLOCK_M)
+    return n, s, valid, count
+
+
+@lazy_jit
+def _offsets(c, n, s, sN, sC, sS, LAYOUT: tl.constexpr):
+    """int64 element offsets (BLOCK_C, BLOCK_M) of x[n, c, s]; a unit stride is made a
+    compile-time constant so the compiler sees contiguity and vectorizes the accesses."""
+    c64 = c.to(tl.int64)
+    row = n.to(tl.int64) * sN
+    if LAYOUT == 1:
+        off = c64[:, None] * sC + (row + s.to(tl.int64))[None, :]
+    elif LAYOUT == 2:
+        off = c64[:, None] + (row + s.to(tl.int64) * sS)[None, :]
+    else:
+        off = c64[:, None] * sC + (row + s.to(tl.int64) * sS)[None, :]
+    return off
 
 
 @lazy_jit
 def _stats_kernel(x_ptr, mean_ptr, m2_ptr, cnt_ptr, C, M, S, s_blocks, sN, sC, sS, n_tiles, tiles_per_prog,
-                  SPATIAL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
+                  SPATIAL: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
     """Per split and channel: count, mean and M2 of x over this split's tiles (Chan merge)."""
     pid = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
-    c_off = c.to(tl.int64) * sC
     mean = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     count = tl.zeros([BLOCK_C], dtype=tl.float32)
     first = pid * tiles_per_prog
     last = tl.minimum(first + tiles_per_prog, n_tiles)
     for t in range(first, last):
-        if SPATIAL:
-            n = t // s_blocks
-            s = (t - n * s_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-            valid = s < S
-            pos = n.to(tl.int64) * sN + s.to(tl.int64) * sS
-        else:
-            m = t * BLOCK_M + tl.arange(0, BLOCK_M)
-            valid = m < M
-            n = m // S
-            pos = n.to(tl.int64) * sN + (m - n * S).to(tl.int64) * sS
+        n, s, valid, k = _tile(t, S, M, s_blocks, SPATIAL, BLOCK_M)
         mask = cmask[:, None] & valid[None, :]
-        x = tl.load(x_ptr + c_off[:, None] + pos[None, :], mask=mask, other=0.0).to(tl.float32)
-        k = tl.sum(valid.to(tl.float32), axis=0)
-        t_mean = tl.sum(x, axis=1) / k
+        x = tl.load(x_ptr + _offsets(c, n, s, sN, sC, sS, LAYOUT), mask=mask, other=0.0).to(tl.float32)
+        kf = k.to(tl.float32)
+        t_mean = tl.sum(x, axis=1) / kf
         d = tl.where(mask, x - t_mean[:, None], 0.0)
         t_m2 = tl.sum(d * d, axis=1)
-        total = count + k
+        total = count + kf
+        w = kf / total
         delta = t_mean - mean
-        mean += delta * (k / total)
-        m2 += t_m2 + delta * delta * (count * (k / total))
+        mean += delta * w
+        m2 += t_m2 + delta * delta * count * w
         count = total
     out = pid * C + c
     tl.store(mean_ptr + out, mean, mask=cmask)
@@ -128,10 +162,9 @@ def _finalize_kernel(mean_ptr, m2_ptr, cnt_ptr, n_split, C, pt_mean_ptr, pt_var_
             mean += delta * w
             m2 += bm2 + delta * delta * count * w
             count = total
-        var = m2 / tl.maximum(count, 1.0)
         tl.store(bmean_ptr + c, mean, mask=cmask)
         cur_m = mean
-        cur_v = var
+        cur_v = m2 / tl.maximum(count, 1.0)
     else:
         cur_m = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
         cur_v = tl.load(run_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
@@ -172,76 +205,52 @@ def _finalize_kernel(mean_ptr, m2_ptr, cnt_ptr, n_split, C, pt_mean_ptr, pt_var_
 @lazy_jit
 def _affine_kernel(x_ptr, u_ptr, out_ptr, center_ptr, kx_ptr, ku_ptr, k0_ptr, C, M, S, s_blocks,
                    sxN, sxC, sxS, suN, suC, suS, soN, soC, soS,
-                   HAS_X: tl.constexpr, HAS_U: tl.constexpr, SPATIAL: tl.constexpr,
-                   BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
-    """out = kx[c] * (x - center[c]) + ku[c] * u + k0[c]; forward y (no u) and backward dx."""
-    t = tl.program_id(0)
+                   HAS_X: tl.constexpr, HAS_U: tl.constexpr, SPATIAL: tl.constexpr, X_LAYOUT: tl.constexpr,
+                   U_LAYOUT: tl.constexpr, O_LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out = kx[c] * (x - center[c]) + ku[c] * u + k0[c]: the forward y (no u) and the backward dx."""
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
-    if SPATIAL:
-        n = t // s_blocks
-        s = (t - n * s_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        valid = s < S
-    else:
-        m = t * BLOCK_M + tl.arange(0, BLOCK_M)
-        valid = m < M
-        n = m // S
-        s = m - n * S
-    n64 = n.to(tl.int64)
-    s64 = s.to(tl.int64)
-    c64 = c.to(tl.int64)
+    n, s, valid, _ = _tile(tl.program_id(0), S, M, s_blocks, SPATIAL, BLOCK_M)
     mask = cmask[:, None] & valid[None, :]
-    acc = tl.load(k0_ptr + c, mask=cmask, other=0.0)[:, None]
+    acc = tl.zeros([BLOCK_C, BLOCK_M], dtype=tl.float32) + tl.load(k0_ptr + c, mask=cmask, other=0.0)[:, None]
     if HAS_X:
-        x = tl.load(x_ptr + c64[:, None] * sxC + (n64 * sxN + s64 * sxS)[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + _offsets(c, n, s, sxN, sxC, sxS, X_LAYOUT), mask=mask, other=0.0)
         kx = tl.load(kx_ptr + c, mask=cmask, other=0.0)
         ctr = tl.load(center_ptr + c, mask=cmask, other=0.0)
         acc += kx[:, None] * (x.to(tl.float32) - ctr[:, None])
     if HAS_U:
-        u = tl.load(u_ptr + c64[:, None] * suC + (n64 * suN + s64 * suS)[None, :], mask=mask, other=0.0)
+        u = tl.load(u_ptr + _offsets(c, n, s, suN, suC, suS, U_LAYOUT), mask=mask, other=0.0)
         ku = tl.load(ku_ptr + c, mask=cmask, other=0.0)
         acc += ku[:, None] * u.to(tl.float32)
-    tl.store(out_ptr + c64[:, None] * soC + (n64 * soN + s64 * soS)[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + _offsets(c, n, s, soN, soC, soS, O_LAYOUT), acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @lazy_jit
 def _grad_sums_kernel(x_ptr, dy_ptr, mu_ptr, rstd_ptr, s1_ptr, s2_ptr, C, M, S, s_blocks,
                       sxN, sxC, sxS, sdN, sdC, sdS, n_tiles, tiles_per_prog,
-                      SPATIAL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
+                      SPATIAL: tl.constexpr, X_LAYOUT: tl.constexpr, D_LAYOUT: tl.constexpr,
+                      BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
     """Per split and channel: S1 = sum(dy), S2 = sum(dy * xhat) with xhat = (x - mu) * rstd."""
     pid = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
-    c64 = c.to(tl.int64)
     mu = tl.load(mu_ptr + c, mask=cmask, other=0.0)
     rstd = tl.load(rstd_ptr + c, mask=cmask, other=0.0)
-    s1 = tl.zeros([BLOCK_C, BLOCK_M], dtype=tl.float32)
-    s2 = tl.zeros([BLOCK_C, BLOCK_M], dtype=tl.float32)
+    s1 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     first = pid * tiles_per_prog
     last = tl.minimum(first + tiles_per_prog, n_tiles)
     for t in range(first, last):
-        if SPATIAL:
-            n = t // s_blocks
-            s = (t - n * s_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-            valid = s < S
-        else:
-            m = t * BLOCK_M + tl.arange(0, BLOCK_M)
-            valid = m < M
-            n = m // S
-            s = m - n * S
-        n64 = n.to(tl.int64)
-        s64 = s.to(tl.int64)
+        n, s, valid, _ = _tile(t, S, M, s_blocks, SPATIAL, BLOCK_M)
         mask = cmask[:, None] & valid[None, :]
-        x = tl.load(x_ptr + c64[:, None] * sxC + (n64 * sxN + s64 * sxS)[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + c64[:, None] * sdC + (n64 * sdN + s64 * sdS)[None, :], mask=mask, other=0.0)
-        dy = dy.to(tl.float32)
-        xhat = (x.to(tl.float32) - mu[:, None]) * rstd[:, None]
-        s1 += dy
-        s2 += tl.where(mask, dy * xhat, 0.0)
+        x = tl.load(x_ptr + _offsets(c, n, s, sxN, sxC, sxS, X_LAYOUT), mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + _offsets(c, n, s, sdN, sdC, sdS, D_LAYOUT), mask=mask, other=0.0).to(tl.float32)
+        xhat = (x - mu[:, None]) * rstd[:, None]
+        s1 += tl.sum(dy, axis=1)
+        s2 += tl.sum(tl.where(mask, dy * xhat, 0.0), axis=1)
     out = pid * C + c
-    tl.store(s1_ptr + out, tl.sum(s1, axis=1), mask=cmask)
-    tl.store(s2_ptr + out, tl.sum(s2, axis=1), mask=cmask)
+    tl.store(s1_ptr + out, s1, mask=cmask)
+    tl.store(s2_ptr + out, s2, mask=cmask)
 
 
 @lazy_jit
@@ -305,6 +314,16 @@ def _ncs_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
     return t.stride(0), t.stride(1), dims[-1][1] if dims else 1
 
 
+def _layout(strides: tuple[int, int, int], C: int, S: int) -> int:
+    """The layout code of an (N, C, S) view: which stride, if any, is a compile-time 1."""
+    _, s_c, s_s = strides
+    if (s_c == 1 or C == 1) and (S == 1 or s_s != 1):
+        return UNIT_C
+    if s_s == 1 or S == 1:
+        return UNIT_S
+    return GENERAL
+
+
 def _as_ncs(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
     strides = _ncs_strides(t)
     if strides is None:  # e.g. a permuted view: one copy, then the contiguous layout
@@ -364,8 +383,8 @@ def _forward(x, stats, beta, weight, bias, training, momentum, eps, mode):
         part = torch.empty(3, tiling.n_split, C, dtype=torch.float32, device=x.device)
         _stats_kernel[(tiling.n_split, tiling.c_blocks)](
             x, part[0], part[1], part[2], C, tiling.M, S, tiling.s_blocks, *strides, tiling.n_tiles,
-            tiling.tiles_per_prog, SPATIAL=tiling.spatial, BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m,
-            num_warps=tiling.num_warps)
+            tiling.tiles_per_prog, SPATIAL=tiling.spatial, LAYOUT=_layout(strides, C, S), BLOCK_C=tiling.block_c,
+            BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
     run_m, run_v = client_mean, client_var
     if run_m is not None and not (run_m.is_contiguous() and run_v.is_contiguous()):
         run_m, run_v = run_m.contiguous(), run_v.contiguous()
@@ -384,7 +403,8 @@ def _forward(x, stats, beta, weight, bias, training, momentum, eps, mode):
     y, y_strides = (y, _ncs_strides(y)) if _ncs_strides(y) is not None else _as_ncs(y.contiguous())
     _affine_kernel[(tiling.n_tiles, tiling.c_blocks)](
         x, None, y, mu, scale, None, shift, C, tiling.M, S, tiling.s_blocks, *strides, 0, 0, 0, *y_strides,
-        HAS_X=True, HAS_U=False, SPATIAL=tiling.spatial, BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m,
+        HAS_X=True, HAS_U=False, SPATIAL=tiling.spatial, X_LAYOUT=_layout(strides, C, S), U_LAYOUT=GENERAL,
+        O_LAYOUT=_layout(y_strides, C, S), BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m,
         num_warps=tiling.num_warps)
     return y, (mu, rstd, bmean, dmean, dvar)
 
@@ -402,8 +422,8 @@ def _backward(ctx, dy):
     part = torch.empty(2, tiling.n_split, C, **f32)
     _grad_sums_kernel[(tiling.n_split, tiling.c_blocks)](
         x, dy, mu, rstd, part[0], part[1], C, tiling.M, S, tiling.s_blocks, *xs, *ds, tiling.n_tiles,
-        tiling.tiles_per_prog, SPATIAL=tiling.spatial, BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m,
-        num_warps=tiling.num_warps)
+        tiling.tiles_per_prog, SPATIAL=tiling.spatial, X_LAYOUT=_layout(xs, C, S), D_LAYOUT=_layout(ds, C, S),
+        BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
     out = torch.empty(6, C, **f32)
     dw, db, dbeta_c, kdy, kx, k0 = out.unbind(0)
     beta_arg = beta_t if beta_t is not None else ctx.beta_val
@@ -418,7 +438,8 @@ def _backward(ctx, dy):
         dx, dxs = (dx, _ncs_strides(dx)) if _ncs_strides(dx) is not None else _as_ncs(dx.contiguous())
         _affine_kernel[(tiling.n_tiles, tiling.c_blocks)](
             x, dy, dx, bmean, kx, kdy, k0, C, tiling.M, S, tiling.s_blocks, *xs, *ds, *dxs,
-            HAS_X=ctx.batch, HAS_U=True, SPATIAL=tiling.spatial, BLOCK_C=tiling.block_c,
+            HAS_X=ctx.batch, HAS_U=True, SPATIAL=tiling.spatial, X_LAYOUT=_layout(xs, C, S),
+            U_LAYOUT=_layout(ds, C, S), O_LAYOUT=_layout(dxs, C, S), BLOCK_C=tiling.block_c,
             BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
     g_beta = None
     if need_beta:

@@ -22,35 +22,59 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._triton_common import check_same_device, group_by_dtype, lazy_jit, plan_for, pointer_table, split_flat, tl
+from ._triton_common import (all_aligned, check_same_device, group_by_dtype, lazy_jit, plan_for, pointer_table,
+                             split_flat)
 
-BLOCK = 4096  # elements per program: 16 KB of fp32 per operand, 4 warps x 32 elements each
+# `tl` is bound to triton.language in the namespace the kernels are jitted in
+# (`_triton_common.lazy_jit`), so importing this module does not import Triton.
+tl = None
+
+BLOCK = 2048      # elements per program: 8 per thread at 8 warps (low register use, many warps in flight)
+NUM_WARPS = 8
 
 
 @lazy_jit
-def _neumann_kernel(table_ptr, L, v_out_ptr, p_out_ptr, tile_tensor_ptr, tile_start_ptr, numel_ptr,
-                    flat_start_ptr, psi, BLOCK: tl.constexpr):
-    """One tile: v' = v - psi * hv, p' = p + v' (fp32 arithmetic, storage dtype in and out)."""
+def _neumann_tile(v_ptr, hv_ptr, p_ptr, v_out_ptr, p_out_ptr, offs, out, n, psi, MASKED: tl.constexpr):
+    """v' = v - psi * hv, p' = p + v' on one tile; unmasked (vectorizable) unless MASKED."""
+    if MASKED:
+        mask = offs < n
+        other = 0.0
+    else:
+        mask = None
+        other = None
+    v = tl.load(v_ptr + offs, mask=mask, other=other).to(tl.float32)
+    hv = tl.load(hv_ptr + offs, mask=mask, other=other).to(tl.float32)
+    p = tl.load(p_ptr + offs, mask=mask, other=other).to(tl.float32)
+    v_new = (v - psi * hv).to(v_out_ptr.dtype.element_ty)
+    # p' adds v' as stored (rounded to the storage dtype), as the reference does.
+    p_new = p + v_new.to(tl.float32)
+    tl.store(v_out_ptr + out, v_new, mask=mask)
+    tl.store(p_out_ptr + out, p_new.to(p_out_ptr.dtype.element_ty), mask=mask)
+
+
+@lazy_jit
+def _neumann_kernel(table_ptr, L, v_out_ptr, p_out_ptr, tile_tensor_ptr, tile_index_ptr, numel_ptr,
+                    flat_start_ptr, psi, ALIGNED: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per tile of the multi-tensor plan (see `_triton_common.MultiTensorPlan`)."""
     tile = tl.program_id(0)
     i = tl.load(tile_tensor_ptr + tile)
-    start = tl.load(tile_start_ptr + tile)
+    start = tl.load(tile_index_ptr + tile).to(tl.int64) * BLOCK
     n = tl.load(numel_ptr + i)
-    # Row 0/1/2 of the table hold the addresses of v, hv, p; the outputs are flat buffers,
-    # whose pointer type gives the storage dtype to cast the addresses to.
+    # Rows 0/1/2 of the table hold the addresses of v, hv, p; the output buffers' pointer
+    # type gives the storage dtype to cast the addresses to.
     v_ptr = tl.load(table_ptr + i).to(v_out_ptr.dtype)
     hv_ptr = tl.load(table_ptr + L + i).to(v_out_ptr.dtype)
     p_ptr = tl.load(table_ptr + 2 * L + i).to(v_out_ptr.dtype)
-    offs = start + tl.arange(0, BLOCK).to(tl.int64)
-    mask = offs < n
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    hv = tl.load(hv_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v_new = v - psi * hv
-    # p' adds v' as stored (rounded to the storage dtype), as the reference does.
-    p_new = p + v_new.to(v_out_ptr.dtype.element_ty).to(tl.float32)
-    out = tl.load(flat_start_ptr + i) + offs
-    tl.store(v_out_ptr + out, v_new.to(v_out_ptr.dtype.element_ty), mask=mask)
-    tl.store(p_out_ptr + out, p_new.to(p_out_ptr.dtype.element_ty), mask=mask)
+    if ALIGNED:  # the host checked every address is 16-byte aligned: allow vector accesses
+        v_ptr = tl.multiple_of(v_ptr, 16)
+        hv_ptr = tl.multiple_of(hv_ptr, 16)
+        p_ptr = tl.multiple_of(p_ptr, 16)
+    offs = start + tl.arange(0, BLOCK)
+    out = tl.multiple_of(tl.load(flat_start_ptr + i), ALIGN) + offs
+    if start + BLOCK <= n:
+        _neumann_tile(v_ptr, hv_ptr, p_ptr, v_out_ptr, p_out_ptr, offs, out, n, psi, False)
+    else:
+        _neumann_tile(v_ptr, hv_ptr, p_ptr, v_out_ptr, p_out_ptr, offs, out, n, psi, True)
 
 
 def _check(v, hv, p) -> None:
@@ -71,11 +95,11 @@ def _launch_group(v, hv, p, psi: float):
     v_flat = torch.empty(plan.total, dtype=v[0].dtype, device=v[0].device)
     p_flat = torch.empty_like(v_flat)
     if plan.num_tiles > 0:
-        table = pointer_table(v, hv, p)
         _neumann_kernel[(plan.num_tiles,)](
-            table, len(v), v_flat, p_flat, plan.tile_tensor, plan.tile_start, plan.numels,
-            plan.flat_start, float(psi), BLOCK=BLOCK, num_warps=4)
-    return split_flat(v_flat, v), split_flat(p_flat, v)
+            pointer_table(v, hv, p), len(v), v_flat, p_flat, plan.tile_tensor, plan.tile_index, plan.numels,
+            plan.flat_start, float(psi), ALIGNED=all_aligned(v, hv, p), ALIGN=plan.align, BLOCK=BLOCK,
+            num_warps=NUM_WARPS)
+    return split_flat(v_flat, v, plan), split_flat(p_flat, v, plan)
 
 
 def neumann_update(v, hv, p, psi: float):

@@ -59,11 +59,20 @@ def mixed_batch_norm(
     ``mode="batch"`` is FT (BN I): the incoming batch's statistics in training and in
     evaluation; no running estimate is read or written, and ``beta`` is ignored.
 
+    Gradient of beta (what trains BNNet through L_V): with ``r = (var + eps)^-1/2``,
+    ``dL/dbeta = dL/dmu (mu_c - pt_mean) + dL/dvar (var_c - pt_var)``, where
+    ``dL/dmu = -r sum(dL/dy gamma)`` and ``dL/dvar = -r^3 / 2 sum(dL/dy gamma (x - mu))``
+    (sums over all but the channel axis; a scalar beta sums over channels too). In
+    evaluation it flows through the running-statistics mixture (``mu_c`` = client_mean).
+
+    Arithmetic is fp32 for fp16 / bf16 / fp32 activations and float64 for float64 ones.
+
     Args:
         x: activations (N, C, *), any memory format.
         pt_mean, pt_var: the pretrained model's running statistics, shape (C,).
         client_mean, client_var: the client's running statistics (C,), updated in place
-            in training; may be None only in ``mode="batch"``.
+            in training; may be None in ``mode="batch"`` and in training (then nothing is
+            updated), not in evaluation with ``mode="mixed"``.
         beta: a float, a 0-d tensor or a (C,) tensor in [0, 1]; differentiable.
         weight, bias: gamma and delta of Eq. 1, shape (C,), or None.
         training: use batch statistics (and update the client's running ones).
@@ -186,12 +195,18 @@ def layerwise_sgd_step(params, grads, eta: torch.Tensor, max_lr: float | None = 
         max_lr: upper clamp bound; ``None`` disables the clamp (negative rates pass through).
 
     Returns:
-        The list of updated tensors theta'_l (new tensors, in each param's dtype).
+        The list of updated tensors theta'_l (new tensors, in each param's dtype; computed in
+        at least fp32).
     """
     params, grads = list(params), list(grads)
     check_sgd_args(params, grads, eta)
     e = clamp_ste(eta, max_lr)
-    return [(p - e[i] * g).to(p.dtype) for i, (p, g) in enumerate(zip(params, grads))]
+    out = []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        # fp32 arithmetic for half tensors (and so fp32 sums in the gradient of eta)
+        cdt = torch.promote_types(p.dtype, torch.float32)
+        out.append((p.to(cdt) - e[i].to(cdt) * g.to(cdt)).to(p.dtype))
+    return out
 
 
 def check_sgd_args(params, grads, eta) -> None:

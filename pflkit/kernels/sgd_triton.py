@@ -27,44 +27,69 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._triton_common import check_same_device, group_by_dtype, lazy_jit, plan_for, pointer_table, split_flat, tl
+from ._triton_common import (all_aligned, check_same_device, group_by_dtype, lazy_jit, plan_for, pointer_table,
+                             split_flat)
 
-BLOCK = 4096        # elements per program of the elementwise and partial-dot kernels
+# `tl` is bound to triton.language in the namespace the kernels are jitted in
+# (`_triton_common.lazy_jit`), so importing this module does not import Triton.
+tl = None
+
+BLOCK = 2048        # elements per program of the elementwise and partial-dot kernels (8 per thread)
+NUM_WARPS = 8
 SEG_BLOCK = 256     # partial sums combined per step when summing a tensor's tiles
 
 
 @lazy_jit
-def _axpy_kernel(table_ptr, L, s_ptr, out_ptr, tile_tensor_ptr, tile_start_ptr, numel_ptr, flat_start_ptr,
-                 HAS_A: tl.constexpr, BLOCK: tl.constexpr):
-    """One tile of out_l = a_l + s_l * b_l (a omitted when not HAS_A); fp32 arithmetic."""
-    tile = tl.program_id(0)
-    i = tl.load(tile_tensor_ptr + tile)
-    start = tl.load(tile_start_ptr + tile)
-    n = tl.load(numel_ptr + i)
-    s = tl.load(s_ptr + i).to(tl.float32)
-    offs = start + tl.arange(0, BLOCK).to(tl.int64)
-    mask = offs < n
-    b_ptr = tl.load(table_ptr + L + i).to(out_ptr.dtype)
-    y = s * tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+def _tile_setup(table_ptr, L, i, tile_index_ptr, tile, ref_ptr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+    """Addresses of a_i and b_i (table rows 0 and 1) and the tile's element offsets."""
+    a_ptr = tl.load(table_ptr + i).to(ref_ptr.dtype)
+    b_ptr = tl.load(table_ptr + L + i).to(ref_ptr.dtype)
+    if ALIGNED:  # checked on the host: every address is 16-byte aligned
+        a_ptr = tl.multiple_of(a_ptr, 16)
+        b_ptr = tl.multiple_of(b_ptr, 16)
+    start = tl.load(tile_index_ptr + tile).to(tl.int64) * BLOCK
+    return a_ptr, b_ptr, start, start + tl.arange(0, BLOCK)
+
+
+@lazy_jit
+def _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A: tl.constexpr, MASKED: tl.constexpr):
+    if MASKED:
+        mask = offs < n
+        other = 0.0
+    else:
+        mask = None
+        other = None
+    y = s * tl.load(b_ptr + offs, mask=mask, other=other).to(tl.float32)
     if HAS_A:
-        a_ptr = tl.load(table_ptr + i).to(out_ptr.dtype)
-        y += tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    out = tl.load(flat_start_ptr + i) + offs
+        y += tl.load(a_ptr + offs, mask=mask, other=other).to(tl.float32)
     tl.store(out_ptr + out, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @lazy_jit
-def _dot_partial_kernel(table_ptr, L, ref_ptr, partial_ptr, tile_tensor_ptr, tile_start_ptr, numel_ptr,
-                        BLOCK: tl.constexpr):
+def _axpy_kernel(table_ptr, L, s_ptr, out_ptr, tile_tensor_ptr, tile_index_ptr, numel_ptr, flat_start_ptr,
+                 HAS_A: tl.constexpr, ALIGNED: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """One tile of out_l = a_l + s_l * b_l (a omitted when not HAS_A); fp32 arithmetic."""
+    tile = tl.program_id(0)
+    i = tl.load(tile_tensor_ptr + tile)
+    n = tl.load(numel_ptr + i)
+    s = tl.load(s_ptr + i).to(tl.float32)
+    a_ptr, b_ptr, start, offs = _tile_setup(table_ptr, L, i, tile_index_ptr, tile, out_ptr, ALIGNED, BLOCK)
+    out = tl.multiple_of(tl.load(flat_start_ptr + i), ALIGN) + offs
+    if start + BLOCK <= n:
+        _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A, False)
+    else:
+        _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A, True)
+
+
+@lazy_jit
+def _dot_partial_kernel(table_ptr, L, ref_ptr, partial_ptr, tile_tensor_ptr, tile_index_ptr, numel_ptr,
+                        ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """partial[tile] = sum over the tile of a * b (fp32)."""
     tile = tl.program_id(0)
     i = tl.load(tile_tensor_ptr + tile)
-    start = tl.load(tile_start_ptr + tile)
     n = tl.load(numel_ptr + i)
-    offs = start + tl.arange(0, BLOCK).to(tl.int64)
+    a_ptr, b_ptr, start, offs = _tile_setup(table_ptr, L, i, tile_index_ptr, tile, ref_ptr, ALIGNED, BLOCK)
     mask = offs < n
-    a_ptr = tl.load(table_ptr + i).to(ref_ptr.dtype)
-    b_ptr = tl.load(table_ptr + L + i).to(ref_ptr.dtype)
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(partial_ptr + tile, tl.sum(a * b, axis=0))
@@ -94,9 +119,10 @@ def _axpy_raw(s: torch.Tensor, a, b):
         if plan.num_tiles > 0:
             gs = s[idx].float().contiguous() if len(idx) < len(b) else s.float().contiguous()
             _axpy_kernel[(plan.num_tiles,)](
-                pointer_table(ga, gb), len(gb), gs, flat, plan.tile_tensor, plan.tile_start, plan.numels,
-                plan.flat_start, HAS_A=a is not None, BLOCK=BLOCK, num_warps=4)
-        for j, view in zip(idx, split_flat(flat, gb)):
+                pointer_table(ga, gb), len(gb), gs, flat, plan.tile_tensor, plan.tile_index, plan.numels,
+                plan.flat_start, HAS_A=a is not None, ALIGNED=all_aligned(ga, gb), ALIGN=plan.align, BLOCK=BLOCK,
+                num_warps=NUM_WARPS)
+        for j, view in zip(idx, split_flat(flat, gb, plan)):
             outs[j] = view
     return outs
 
@@ -112,8 +138,8 @@ def _dot_raw(a, b) -> torch.Tensor:
             continue
         partial = torch.empty(plan.num_tiles, dtype=torch.float32, device=ga[0].device)
         _dot_partial_kernel[(plan.num_tiles,)](
-            pointer_table(ga, gb), len(ga), ga[0], partial, plan.tile_tensor, plan.tile_start, plan.numels,
-            BLOCK=BLOCK, num_warps=4)
+            pointer_table(ga, gb), len(ga), ga[0], partial, plan.tile_tensor, plan.tile_index, plan.numels,
+            ALIGNED=all_aligned(ga, gb), BLOCK=BLOCK, num_warps=NUM_WARPS)
         sums = torch.empty(len(ga), dtype=torch.float32, device=ga[0].device)
         _segment_sum_kernel[(len(ga),)](partial, plan.tensor_tile_start, plan.tensor_tiles, sums,
                                         SEG_BLOCK=SEG_BLOCK, num_warps=4)

@@ -99,6 +99,10 @@ def forward(model: nn.Module, params: Params, buffers: Params, x: torch.Tensor, 
         return functional_call(model, (params, buffers), (x,))
 
 
+def _detach(beta: Beta) -> Beta:
+    return beta.detach() if isinstance(beta, torch.Tensor) else beta
+
+
 def _check_eta(eta: torch.Tensor, params: Params) -> None:
     if not isinstance(eta, torch.Tensor) or eta.dim() != 1 or eta.numel() != len(params):
         shape = tuple(eta.shape) if isinstance(eta, torch.Tensor) else type(eta).__name__
@@ -109,17 +113,11 @@ def _check_eta(eta: torch.Tensor, params: Params) -> None:
 def sgd_step(params: Params, grads: Sequence[torch.Tensor], eta: torch.Tensor) -> Params:
     """``theta_k - eta_k * g_k`` for every tensor k (Eq. 10; differentiable in theta, g and eta).
 
-    Uses the multi-tensor kernel ``pflkit.kernels.layerwise_sgd_step`` when the dispatcher
-    provides it, plain PyTorch otherwise.
+    Runs ``pflkit.kernels.layerwise_sgd_step`` (one multi-tensor Triton launch on CUDA, the
+    PyTorch reference elsewhere).
     """
     _check_eta(eta, params)
-    names, values = list(params), list(params.values())
-    op = getattr(kernels, "layerwise_sgd_step", None)
-    if op is not None:
-        new = op(values, list(grads), eta)
-    else:
-        new = [p - e * g for p, e, g in zip(values, eta.unbind(), grads)]
-    return dict(zip(names, new))
+    return dict(zip(params, kernels.layerwise_sgd_step(list(params.values()), list(grads), eta)))
 
 
 def _ce_grads(model, params: Params, buffers: Params, batch: Batch, create_graph: bool):
@@ -154,24 +152,30 @@ def finetune(model: nn.Module, params: Params, buffers: Params, batches: Iterabl
         ``(params, {"loss": mean training loss, "steps": steps taken, "skipped": batches skipped})``.
     """
     _check_eta(eta, params)
-    eta = eta.detach()
-    beta = beta.detach() if isinstance(beta, torch.Tensor) else beta
+    eta, beta = eta.detach(), _detach(beta)
+    rates = eta.tolist()
     cur = {n: t.detach() for n, t in params.items()}
     total, seen, steps, skipped = 0.0, 0, 0, 0
     with using_beta(model, beta):
         model.train()
         for xb, yb in batches:
             leaves = {n: t.detach().requires_grad_(True) for n, t in cur.items()}
+            # a skipped batch must not leave its statistics in the running estimates
+            saved = {n: b.clone() for n, b in buffers.items()} if skip_nonfinite else None
             loss, grads = _ce_grads(model, leaves, buffers, (xb, yb), create_graph=False)
             value = float(loss.detach())
             if not math.isfinite(value):
                 if not skip_nonfinite:
                     raise Diverged(f"non-finite loss ({value}) in {where}")
                 log.warning("%s: skipping a batch with loss %s", where, value)
+                for n, b in saved.items():
+                    buffers[n].copy_(b)
                 skipped += 1
                 continue
             with torch.no_grad():
-                cur = sgd_step(cur, grads, eta)
+                # the very op of torch.optim.SGD (p + (-lr) g), so that eta = lr everywhere
+                # reproduces the FT baselines bit for bit
+                cur = {n: torch.add(p, g, alpha=-e) for (n, p), g, e in zip(cur.items(), grads, rates)}
             total, seen, steps = total + value * len(yb), seen + len(yb), steps + 1
     return cur, {"loss": total / max(seen, 1), "steps": steps, "skipped": skipped}
 
@@ -186,9 +190,13 @@ def lookahead_step(model: nn.Module, params: Params, buffers: Params, step_batch
     """
     _check_eta(eta, params)
     buffers = {n: b.clone() for n, b in buffers.items()}
-    with using_beta(model, beta):
+    # The gradient needs leaves to differentiate; with a constant gradient, fresh detached
+    # ones, so that theta itself may come without a graph (FOMAML+).
+    src = {n: p if (second_order and p.requires_grad) else p.detach().requires_grad_(True)
+           for n, p in params.items()}
+    with using_beta(model, beta if second_order else _detach(beta)):
         model.train()
-        _, grads = _ce_grads(model, params, buffers, step_batch, create_graph=second_order)
+        _, grads = _ce_grads(model, src, buffers, step_batch, create_graph=second_order)
     if not second_order:
         grads = [g.detach() for g in grads]
     return sgd_step(params, grads, eta)

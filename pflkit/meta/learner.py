@@ -40,8 +40,8 @@ from pflkit.meta.metanets import MetaNet, MetaSpec, group_of, meta_hyperparams
 from pflkit.models.introspect import bn_modules, layer_input_modules, layer_param_names
 from pflkit.models.mixed_bn import convert_bn, mixed_bn_layers, set_bn_mode
 
-__all__ = ["ClientContext", "model_spec", "prepare_client", "hyperparams", "meta_step", "meta_learn",
-           "personalize", "epoch_batches"]
+__all__ = ["ClientContext", "model_spec", "scratch_model", "prepare_client", "hyperparams", "meta_step",
+           "meta_learn", "sparsity", "personalize", "epoch_batches"]
 
 SCRATCH = "fedl2p"
 
@@ -119,10 +119,6 @@ def _val_batch(client: Client, cfg, gen: torch.Generator, device):
     return client.tensors(split, device)
 
 
-def _detached(beta):
-    return beta.detach() if isinstance(beta, torch.Tensor) else beta
-
-
 def _losses(ctx: ClientContext, keys, buffers, step_b, loss_b, val_b, second_order: bool):
     """L_T, L_V and the look-ahead step as functions of (theta list, lambda list)."""
     names = list(ctx.params)
@@ -140,7 +136,7 @@ def _losses(ctx: ClientContext, keys, buffers, step_b, loss_b, val_b, second_ord
 
     def step(th, lm):
         params, (beta, eta) = unpack(th, lm)
-        return list(lookahead_step(ctx.model, params, buffers, step_b, eta, _detached(beta)).values())
+        return list(lookahead_step(ctx.model, params, buffers, step_b, eta, beta).values())
 
     return train_loss, val_loss, step
 
@@ -157,6 +153,8 @@ def meta_step(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, gen: torch.
     """
     with torch.no_grad():
         beta, eta = hyperparams(ctx, lam)
+    # every iteration fine-tunes theta_g afresh ("Finetune theta_g", line 9), the client's
+    # running statistics restarting from the values of line 6
     buffers = {n: b.clone() for n, b in ctx.buffers.items()}
     theta, ft = finetune(ctx.model, ctx.params, buffers, epoch_batches(ctx.client, cfg, gen, ctx.device), eta,
                          beta, skip_nonfinite=cfg.skip_nonfinite, where=where)

@@ -44,16 +44,6 @@ def _check_matvec_out(name: str, out: Sequence[torch.Tensor], like: list[torch.T
     return [o.detach() for o in out]
 
 
-def _neumann_update(v, hv, p, psi):
-    """Alg. 2 lines 3-4: v <- v - psi * H v; p <- p + v (multi-tensor kernel when available)."""
-    op = getattr(kernels, "neumann_update", None)
-    if op is not None:
-        v_new, p_new = op(v, hv, p, psi)
-        return list(v_new), list(p_new)
-    v_new = [a - psi * h for a, h in zip(v, hv)]
-    return v_new, [a + b for a, b in zip(p, v_new)]
-
-
 def neumann(matvec: MatVec, b: Vector, *, steps: int, psi: float, scaled: bool = True) -> list[torch.Tensor]:
     """Truncated Neumann series for ``A^{-1} b`` (FedL2P Alg. 2 lines 1-5).
 
@@ -83,7 +73,8 @@ def neumann(matvec: MatVec, b: Vector, *, steps: int, psi: float, scaled: bool =
     p = list(v)
     for _ in range(steps):
         hv = _check_matvec_out("neumann", matvec(list(v)), v)
-        v, p = _neumann_update(v, hv, p, float(psi))
+        # Alg. 2 lines 3-4, v <- v - psi H v; p <- p + v: one multi-tensor kernel on CUDA
+        v, p = kernels.neumann_update(v, hv, p, float(psi))
     return [psi * t for t in p] if scaled else p
 
 

@@ -135,7 +135,8 @@ def write_idx(path: Path, arr: np.ndarray, gz: bool = False) -> None:
 
 def make_mnist(root: Path, n_train=12, n_test=5):
     raw = root / "MNIST" / "raw"
-    arrays = [images(n_train, 28, 28), RNG.integers(0, 10, n_train), images(n_test, 28, 28), RNG.integers(0, 10, n_test)]
+    arrays = [images(n_train, 28, 28), RNG.integers(0, 10, n_train),
+              images(n_test, 28, 28), RNG.integers(0, 10, n_test)]
     names = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
     for i, (name, arr) in enumerate(zip(names, arrays)):
         write_idx(raw / name, arr, gz=i % 2 == 1)  # torchvision keeps both forms; accept either
@@ -165,7 +166,8 @@ def make_mnist_m(root: Path, n_train=6, n_test=3):
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(n):
             Image.fromarray(x[i]).save(folder / f"{i:08d}.png")
-        (root / "mnist_m" / f"mnist_m_{split}_labels.txt").write_text("".join(f"{i:08d}.png {y[i]}\n" for i in range(n)))
+        labels = "".join(f"{i:08d}.png {y[i]}\n" for i in range(n))
+        (root / "mnist_m" / f"mnist_m_{split}_labels.txt").write_text(labels)
         out.append((x, y))
     return out
 
@@ -282,18 +284,16 @@ def test_shared_omniglot_and_digit_domains():
     assert "mnist_m_small.npz (subset)" in dd.meta.source
 
 
-def test_full_npz_is_preferred_over_subset(tmp_path):
+def test_full_npz_is_preferred_over_subset(tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     small = dict(x_train=images(4, 32, 32, 3), y_train=np.arange(4), x_test=images(2, 32, 32, 3), y_test=np.arange(2))
     full = dict(small, x_train=images(7, 32, 32, 3), y_train=np.arange(7))
     np.savez(a / "cifar10_small.npz", **small)
     np.savez(b / "cifar10.npz", **full)
-    os.environ["PFLKIT_DATA"] = str(b)
-    try:
+    with monkeypatch.context() as m:
+        m.setenv("PFLKIT_DATA", str(b))
         assert len(load_dataset("cifar10", a).y_train) == 7  # full copy in the second root beats the subset
-    finally:
-        del os.environ["PFLKIT_DATA"]
     ds = load_dataset("cifar10", a)
     assert len(ds.y_train) == 4 and ds.meta.source.endswith("(subset)")
 
@@ -307,6 +307,10 @@ def test_missing_dataset_error_lists_searched_paths(tmp_path):
     assert "download=True" in msg and err.value.name == "mnist"
     with pytest.raises(DatasetNotFoundError, match="cannot download 'mnist_m'"):
         load_dataset("mnist_m", tmp_path, download=True)
+    make_mnist_m(tmp_path)
+    (tmp_path / "mnist_m" / "mnist_m_test" / "00000001.png").unlink()  # listed in the labels file, now missing
+    with pytest.raises(DatasetNotFoundError, match="incomplete.*00000001.png"):
+        load_dataset("mnist_m", tmp_path)
 
 
 @pytest.mark.parametrize("name", ["cifar10", "usps", "omniglot"])

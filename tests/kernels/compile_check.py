@@ -1,6 +1,6 @@
 """Compile every Triton kernel variant pflkit launches, for real GPU targets, without a GPU.
 
-Run as a script (``python tests/kernels/compile_check.py 75 80 90``): the ops are first
+Run as a script (``python tests/kernels/compile_check.py 75 80 90 [--dtypes bf16,fp32]``): the ops are first
 *dry-run* on GPU-sized CPU tensors with every launch recorded instead of executed (the
 recorded kernel, argument types, constexprs and num_warps are exactly what a CUDA run would
 compile), then each distinct variant goes through Triton's full pipeline to a cubin for
@@ -31,7 +31,7 @@ TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", t
          torch.int64: "i64"}
 
 
-def record_variants() -> dict[str, dict]:
+def record_variants(dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> dict[str, dict]:
     """Dry-run the ops on GPU-sized shapes; return {key: variant} of the launches."""
     variants: dict[str, dict] = {}
 
@@ -41,36 +41,42 @@ def record_variants() -> dict[str, dict]:
             values = dict(zip(params, args))
             values.update(kwargs)
             num_warps = values.pop("num_warps", 4)
-            sig, const = {}, {}
-            for name, param in params.items():
+            sig, const, aligned = {}, {}, []
+            for i, (name, param) in enumerate(params.items()):
                 v = values[name]
                 if "constexpr" in str(param.annotation) or v is None:
                     sig[name], const[name] = "constexpr", v
                 elif isinstance(v, torch.Tensor):
                     sig[name] = "*" + TYPES[v.dtype]
+                    if v.data_ptr() % 16 == 0:
+                        aligned.append(i)
                 elif isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise TypeError(f"{self.fn.__name__}: argument {name}={v!r}")
                 elif isinstance(v, int):
                     sig[name] = "i64" if abs(v) >= 2**31 else "i32"
+                    if v % 16 == 0:
+                        aligned.append(i)
                 else:
                     sig[name] = "fp32"
-            key = json.dumps([self.fn.__name__, sig, const, num_warps], sort_keys=True)
+            # Triton's launcher marks 16-divisible integers and 16-byte aligned pointers
+            # ("tt.divisibility"); the same attributes are passed here.
+            key = json.dumps([self.fn.__name__, sig, const, num_warps, aligned], sort_keys=True)
             variants[key] = dict(module=self.fn.__module__, kernel=self.fn.__name__, signature=sig,
-                                 constexprs=const, num_warps=num_warps)
+                                 constexprs=const, num_warps=num_warps, aligned=aligned)
         return launch
 
     original = _triton_common.LazyKernel.__getitem__
     _triton_common.LazyKernel.__getitem__ = fake_getitem
     try:
-        _dry_run_ops()
+        _dry_run_ops(dtypes)
     finally:
         _triton_common.LazyKernel.__getitem__ = original
     return variants
 
 
-def _dry_run_ops() -> None:
+def _dry_run_ops(dtypes) -> None:
     shapes = [((8, 64, 56, 56), False), ((8, 64, 56, 56), True), ((8, 512, 7, 7), False), ((32, 100), False)]
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    for dtype in dtypes:
         for shape, channels_last in shapes:
             C = shape[1]
             for training, mode, beta in ((True, "mixed", torch.rand(C)), (False, "mixed", 0.5), (True, "batch", 0.0)):
@@ -95,18 +101,19 @@ def compile_all(variants: list[dict], arch: int) -> list[str]:
     failures = []
     for v in variants:
         module = sys.modules[v["module"]]
-        fn = triton.jit(getattr(module, v["kernel"]).fn)
+        fn = getattr(module, v["kernel"]).jitted()  # compiled mode: TRITON_INTERPRET=0 above
         try:
-            triton.compile(ASTSource(fn, v["signature"], constexprs=v["constexprs"]),
+            attrs = {(i,): [["tt.divisibility", 16]] for i in v["aligned"]}
+            triton.compile(ASTSource(fn, v["signature"], constexprs=v["constexprs"], attrs=attrs),
                            target=GPUTarget("cuda", arch, 32), options={"num_warps": v["num_warps"]})
         except Exception as exc:  # report every failing variant, not only the first
             failures.append(f"sm_{arch} {v['kernel']} {v['constexprs']}: {str(exc)[-800:]}")
     return failures
 
 
-def main(archs: list[int]) -> int:
+def main(archs: list[int], dtypes) -> int:
     start = time.time()
-    variants = list(record_variants().values())
+    variants = list(record_variants(dtypes).values())
     failures = [f for arch in archs for f in compile_all(variants, arch)]
     for f in failures:
         print("FAIL", f)
@@ -116,4 +123,11 @@ def main(archs: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main([int(a) for a in sys.argv[1:]] or [80]))
+    args = sys.argv[1:]
+    names = "fp32,fp16,bf16"
+    if "--dtypes" in args:
+        i = args.index("--dtypes")
+        names = args[i + 1]
+        del args[i:i + 2]
+    by_name = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    sys.exit(main([int(a) for a in args] or [80], [by_name[n] for n in names.split(",")]))

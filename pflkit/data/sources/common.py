@@ -9,6 +9,7 @@ go through the same builder, and `pflkit.data.pack` can write any of them.
 from __future__ import annotations
 
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -117,7 +118,10 @@ def resolve(
         searched += tried
         if path is not None:
             log.info("%s: reading %s", name, path)
-            return Found(read_npz(path), npz_source(path))
+            try:
+                return Found(read_npz(path), npz_source(path))
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:
+                raise ValueError(f"{name}: {path} is not a readable npz file ({type(exc).__name__}: {exc})") from exc
     folder, tried = find_raw(roots)
     searched += tried
     if folder is None and download:
@@ -125,7 +129,10 @@ def resolve(
     if folder is None:
         raise DatasetNotFoundError(name, searched, how)
     log.info("%s: reading %s", name, folder)
-    return Found(read_raw(folder), str(folder))
+    try:
+        return Found(read_raw(folder), str(folder))
+    except FileNotFoundError as exc:  # a file the layout lists is missing: the copy is incomplete
+        raise DatasetNotFoundError(name, [folder], f"{folder} is incomplete ({exc}). {how}") from exc
 
 
 def _download(name, roots, searched, how, fetch, find_raw) -> Path:
@@ -318,7 +325,8 @@ def simple_image_dataset(name: str, found: Found, default_classes: Sequence[str]
         raise ValueError(f"{name}: {found.source} lacks the arrays {missing}")
     classes = a.get("class_names")
     if classes is None:
-        classes = default_classes if default_classes is not None else [str(c) for c in range(int(a["y_train"].max()) + 1)]
+        n = int(a["y_train"].max(initial=0)) + 1
+        classes = default_classes if default_classes is not None else [str(c) for c in range(n)]
     return image_dataset(
         name, to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
         class_names=[str(c) for c in classes], source=found.source,

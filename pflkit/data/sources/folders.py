@@ -9,18 +9,17 @@ decoded images instead of paths and loads into memory.
 """
 from __future__ import annotations
 
-from pathlib import Path
 import csv
 import io
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ..base import Dataset, ImageFiles, data_roots
 from .common import (IMAGE_SUFFIXES, IMAGENET_MEAN, IMAGENET_STD, Found, check_choice, check_positive_int,
-                     check_subset,
-                     first_match, image_dataset, names_array, resize_images, resolve, stratified_split, to_nchw)
+                     check_subset, first_match, image_dataset, names_array, resize_images, resolve,
+                     stratified_split, to_nchw)
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2  # for collections without an official split
@@ -33,12 +32,13 @@ FEDBN_CLASSES = ("bird", "feather", "headphones", "ice_cream", "teapot", "tiger"
 
 HOW_OFFICE = (
     "Download Office-Caltech-10 (e.g. the office_caltech_10 folder distributed with FedBN, "
-    "github.com/med-air/FedBN) and place it as <data root>/office_caltech_10/{amazon,caltech,dslr,webcam}/<class>/*.jpg, "
+    "github.com/med-air/FedBN) and place it as "
+    "<data root>/office_caltech_10/{amazon,caltech,dslr,webcam}/<class>/*.jpg, "
     "or put office_caltech10.npz (from `pflkit data pack office_caltech10`) there."
 )
 HOW_SUN397 = (
     "Call load_dataset('sun397', download=True) on a machine with internet (torchvision fetches SUN397.tar.gz, "
-    "about 37 GB), or extract SUN397.tar.gz from https://vision.princeton.edu/projects/2010/SUN/ into a data root "
+    "tens of GB), or extract SUN397.tar.gz from https://vision.princeton.edu/projects/2010/SUN/ into a data root "
     "so that SUN397/ClassName.txt and SUN397/<letter>/<category>/*.jpg are inside it (Partitions.zip optional), "
     "or put sun397.npz (from `pflkit data pack sun397`) there."
 )
@@ -71,10 +71,14 @@ def split_arrays(paths: Sequence[Path], y, domain=None, test: np.ndarray | None 
     return out
 
 
-def select(a: dict[str, np.ndarray], key: str, names_key: str, keep: Sequence[str]) -> dict[str, np.ndarray]:
-    """Keep the samples whose ``key`` (``y`` or ``domain``) names are in ``keep``; renumber in ``keep``'s order."""
+def select(a: dict[str, np.ndarray], key: str, keep: Sequence[str], option: str) -> dict[str, np.ndarray]:
+    """Keep the samples whose ``key`` (``y`` or ``domain``) names are in ``keep``; renumber in ``keep``'s order.
+
+    ``option`` is the user-facing option name, for the error message.
+    """
+    names_key = "class_names" if key == "y" else f"{key}_names"
     known = [str(n) for n in a[names_key]]
-    keep = check_subset(names_key.replace("_names", "s"), keep, known)
+    keep = check_subset(option, keep, known)
     new_id = np.full(len(known), -1, np.int64)
     new_id[[known.index(k) for k in keep]] = np.arange(len(keep))
     out = dict(a)
@@ -152,7 +156,7 @@ def load_office_caltech10(root=None, *, download: bool = False, size: int = 64,
     """
     check_positive_int("size", size)
     found = read_office_caltech10(data_roots(root), download=download)
-    arrays = select(found.arrays, "domain", "domain_names", domains)
+    arrays = select(found.arrays, "domain", domains, "domains")
     return folder_dataset("office_caltech10", found, arrays, size)
 
 
@@ -190,7 +194,7 @@ def _read_domainnet_folder(folder: Path, classes: Sequence[str] | None) -> dict[
 def read_domainnet(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True,
                    classes: Sequence[str] | str = FEDBN_CLASSES) -> Found:
     """DomainNet in the folder schema for ``classes`` (or ``"all"``), or its npz."""
-    cls = None if classes == "all" else tuple(classes)
+    cls = None if classes == "all" else (classes,) if isinstance(classes, str) else tuple(classes)
     ok = lambda p: p.is_dir() and any((p / d).is_dir() for d in DOMAINNET_DOMAINS)  # noqa: E731
     return resolve("domainnet", roots, npz_files=("domainnet.npz",),
                    find_raw=lambda rs: first_match(rs, ("domainnet", "DomainNet"), ok),
@@ -216,9 +220,9 @@ def load_domainnet(root=None, *, download: bool = False, size: int = 64, classes
     found = read_domainnet(data_roots(root), download=download, classes=classes)
     arrays = found.arrays
     if classes != "all":
-        arrays = select(arrays, "y", "class_names", classes)
+        arrays = select(arrays, "y", classes, "classes")
     if domains is not None:
-        arrays = select(arrays, "domain", "domain_names", domains)
+        arrays = select(arrays, "domain", domains, "domains")
     return folder_dataset("domainnet", found, arrays, size)
 
 
@@ -288,8 +292,9 @@ def read_sun397_hierarchy(path: str | Path, level: int, class_names: Sequence[st
     """
     check_choice("superclass_level", level, (1, 2))
     text = Path(path).read_text(encoding="utf-8-sig")
-    dialect = csv.Sniffer().sniff(text.splitlines()[0], delimiters=",;\t")
-    rows = [r for r in csv.reader(io.StringIO(text), dialect) if r and r[0].strip()]
+    # Spreadsheet exports differ in delimiter; the one that splits the header most is it.
+    delim = max(",;\t", key=lambda d: len(next(csv.reader([text.splitlines()[0]], delimiter=d))))
+    rows = [r for r in csv.reader(io.StringIO(text), delimiter=delim) if r and r[0].strip()]
     header, body = [h.strip() for h in rows[0]], rows[1:]
     flag = lambda r, j: j < len(r) and r[j].strip() not in ("", "0", "0.0")  # noqa: E731
     pick = {}

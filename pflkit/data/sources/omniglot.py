@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ..base import Dataset, data_roots
-from .common import (Found, check_choice, check_positive_int, image_dataset, names_array, resize_images,
-                     resolve, to_nchw)
+from .common import (Found, check_choice, check_positive_int, first_match, image_dataset, names_array,
+                     resize_images, resolve, to_nchw)
 
 # Which published folders each ``sets`` value reads.
 SETS = {
@@ -91,14 +91,10 @@ def read_omniglot(roots: Sequence[Path], *, download: bool = False, use_npz: boo
     ok = lambda p: p.is_dir() and all((p / f).is_dir() for f in folders)  # noqa: E731
     return resolve(
         "omniglot", roots, npz_files=("omniglot.npz", "omniglot_small.npz"),
-        find_raw=lambda rs: _first(rs, ok), read_raw=lambda base: _read_sets(base, folders), how=HOW,
+        find_raw=lambda rs: first_match(rs, ("omniglot-py",), ok),
+        read_raw=lambda base: _read_sets(base, folders), how=HOW,
         fetch=_fetch(folders), download=download, use_npz=use_npz and sets is None,
     )
-
-
-def _first(roots, ok):
-    searched = [Path(r) / "omniglot-py" for r in roots]
-    return next((p for p in searched if ok(p)), None), searched
 
 
 def load_omniglot(root=None, *, download: bool = False, size: int | None = 28, sets: str | None = None) -> Dataset:

@@ -1,0 +1,432 @@
+"""FedSelect (Tamirisa et al.): GradLTN (Alg. 1), LocalAlt, mask-aware averaging (Alg. 2), FedSelectv2.
+
+Each round, every sampled client k
+
+1. rebuilds theta_k^{t-1}: the global parameters at its shared positions, its own
+   values at its personal positions (Alg. 2, last lines);
+2. runs **GradLTN** (Alg. 1, `grad_ltn`) from theta_0 = theta_k^{t-1} to choose its
+   personal mask m_k^t;
+3. runs **LocalAlt** (`local_alt`, Pillutla et al. 2022) from GradLTN's returned start:
+   each epoch one pass updating only the personal entries, then one pass updating
+   only the shared ones;
+4. sends the values at its shared positions (and its mask) to the server, which
+   averages every entry over the clients for which it is shared (`aggregate`,
+   `pflkit.fl.aggregate.masked_mean`; an entry personal on every sampled client
+   keeps its previous global value) and ORs the client masks into m_G.
+
+**How p maps to the per-iteration share** (our reading of Alg. 1 and sec. 2.3.2).
+GradLTN is called with r = 1 - p; mask m_i keeps "the largest (1 - r)% values in
+gamma = |theta_i - theta_{i-1}| * m_{i-1}". We take the share over the entries still
+in m_{i-1}: of the n_{i-1} candidates, the round(p * n_{i-1}) (at least 1) that moved
+most in the last iteration stay trainable; the other (1 - p) share is frozen for good
+("(1 - p) x 100% parameters are frozen during each of GradLTN's iterations"). So the
+frozen (shared) set only grows, by (1 - p) of the remaining candidates per
+iteration, and the personal set m_L = the surviving candidates holds about p^L of
+the eligible entries (p = 0.5, L = 5: 3.1%). The paper notes p "does not directly
+reflect the final percentage", which this reading explains; reading the share over
+all entries instead would stop the mask changing after the first iteration.
+Larger p: more personal entries, fewer shared ones, less communication (sec. 2.3.2).
+The ranking is over the whole parameter vector by default (``ranking="global"``,
+gamma is one vector in Alg. 1); ``ranking="layer"`` applies the share per tensor.
+
+Iteration count: i = 0 trains every eligible entry, i = 1..L each select then train,
+so L selections and L + 1 training phases of E epochs. FedSelect returns theta_0
+(the last phase's result would be discarded, so it is skipped); **FedSelectv2**
+(``start="theta_L"``) returns theta_L, the model after the last phase (personal
+entries fine-tuned from theta_0, the rest frozen at theta_0), as LocalAlt's start.
+
+**BN statistics and biases.** ``scope="all"`` (default, the paper's theta): every
+parameter entry, biases and BatchNorm weights included, may become personal.
+``scope="weights"`` (the authors' code, papers/reference-implementations.md): only
+weight tensors of convolutions and linear layers are eligible; biases and BN affine
+parameters are always shared. BN running statistics are buffers, not parameters: no
+mask covers them. ``bn_stats="shared"`` (default) sends them and averages them by
+sample count like FedAvg; ``bn_stats="local"`` keeps them on the client (FedBN).
+GradLTN resets the whole state (buffers included) to theta_0 at each iteration.
+
+**Communication** (what ``nbytes`` counts): up, the values at the client's shared
+positions as one 1-D tensor per partially shared tensor plus that tensor's mask
+packed to bits (1/32 of its float32 size), whole tensors when entirely shared,
+nothing for entirely personal ones, plus BN buffers when shared. Down, the global
+values at the positions the client shared last round (the server keeps each client's
+last mask); a client's first message is the full global model.
+
+Frozen means frozen: masked training multiplies gradients by the mask (weight decay
+is folded into the loss so it is masked too), so frozen entries never move.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.config import fraction, one_of, require
+from pflkit.fl.aggregate import masked_mean, weighted_mean
+from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+
+Mask = dict[str, torch.Tensor]  # parameter name -> bool tensor of its shape
+
+
+@dataclass(frozen=True)
+class FedSelectConfig(FLConfig):
+    """FedSelect's settings (sec. 3: L = 5 iterations of E = 5 epochs, 5 LocalAlt epochs, K = 1).
+
+    Attributes:
+        personalization_rate: p in (0, 1]; the share of GradLTN candidates that stay
+            candidates per iteration (module docstring).
+        ltn_iterations: L, mask selections per GradLTN call.
+        ltn_epochs: E, local epochs per GradLTN training phase.
+        local_epochs: LocalAlt epochs (each = a personal pass then a shared pass).
+        start: ``"theta_0"`` (FedSelect) or ``"theta_L"`` (FedSelectv2).
+        scope: ``"all"`` parameters eligible, or ``"weights"`` (conv / linear weights only).
+        ranking: ``"global"`` (one ranking over all eligible entries) or ``"layer"``.
+        bn_stats: ``"shared"`` (averaged) or ``"local"`` BN running statistics.
+    """
+
+    fraction: float = 1.0
+    local_epochs: int = 5
+    personalization_rate: float = 0.5
+    ltn_iterations: int = 5
+    ltn_epochs: int = 5
+    start: str = "theta_0"
+    scope: str = "all"
+    ranking: str = "global"
+    bn_stats: str = "shared"
+
+    def __post_init__(self):
+        super().__post_init__()
+        fraction("personalization_rate", self.personalization_rate)
+        require(self.ltn_iterations >= 1, "ltn_iterations", self.ltn_iterations, "must be >= 1")
+        require(self.ltn_epochs >= 1, "ltn_epochs", self.ltn_epochs, "must be >= 1")
+        require(self.local_steps == 0, "local_steps", self.local_steps, "FedSelect trains by epochs; use 0")
+        one_of("start", self.start, {"theta_0", "theta_L"})
+        one_of("scope", self.scope, {"all", "weights"})
+        one_of("ranking", self.ranking, {"global", "layer"})
+        one_of("bn_stats", self.bn_stats, {"shared", "local"})
+
+
+@dataclass(frozen=True)
+class FedSelectV2Config(FedSelectConfig):
+    """FedSelectv2: LocalAlt starts from GradLTN's theta_L (sec. 2.3.2, last paragraph)."""
+
+    start: str = "theta_L"
+
+
+# ---------------------------------------------------------------------------------------------
+# masks and masked training
+# ---------------------------------------------------------------------------------------------
+
+
+def eligible_names(model: nn.Module, scope: str = "all") -> list[str]:
+    """Parameters whose entries may become personal: all, or (``"weights"``) tensors with dim > 1."""
+    one_of("scope", scope, {"all", "weights"})
+    return [n for n, p in model.named_parameters() if scope == "all" or p.dim() > 1]
+
+
+def filled(model: nn.Module, value: bool, names=None) -> Mask:
+    """A mask of every parameter (or of ``names``) set to ``value``."""
+    return {n: torch.full(p.shape, value, dtype=torch.bool) for n, p in model.named_parameters()
+            if names is None or n in names}
+
+
+def keep_largest(scores: dict[str, torch.Tensor], candidates: Mask, share: float, ranking: str = "global") -> Mask:
+    """Among the ``candidates``, keep the round(share * n) (at least 1) with the largest scores.
+
+    ``ranking="global"`` ranks all candidate entries together; ``"layer"`` keeps the share
+    within each tensor. Ties are broken by `torch.topk`'s (deterministic) order.
+    """
+    if not 0 < share <= 1:
+        raise ValueError(f"share={share!r}: must be in (0, 1]")
+    one_of("ranking", ranking, {"global", "layer"})
+    groups = [list(candidates)] if ranking == "global" else [[n] for n in candidates]
+    out = {}
+    for names in groups:
+        cand = torch.cat([candidates[n].flatten() for n in names])
+        score = torch.cat([scores[n].detach().flatten().float() for n in names])
+        n = int(cand.sum())
+        keep = torch.zeros_like(cand)
+        if n > 0:
+            k = max(1, int(round(share * n)))
+            keep[torch.topk(torch.where(cand, score, -math.inf), k).indices] = True
+        for name, part in zip(names, torch.split(keep, [candidates[m].numel() for m in names])):
+            out[name] = part.view_as(candidates[name])
+    return out
+
+
+@contextmanager
+def masked_parameters(model: nn.Module, trainable: Mask):
+    """Yield the parameters with a trainable entry; gradients of the other entries are zeroed."""
+    params = dict(model.named_parameters())
+    chosen, hooks = [], []
+    try:
+        for name, m in trainable.items():
+            if not bool(m.any()):
+                continue
+            p = params[name]
+            chosen.append(p)
+            if not bool(m.all()):
+                keep = m.to(device=p.device, dtype=p.dtype)
+                hooks.append(p.register_hook(lambda g, keep=keep: g * keep))
+        yield chosen
+    finally:
+        for h in hooks:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+
+
+def masked_sgd(model: nn.Module, client, trainable: Mask, cfg: FLConfig, env, epochs: int, key=()) -> dict:
+    """``epochs`` of local SGD moving only the ``trainable`` entries (names absent are frozen).
+
+    The batches come from ``env.generator("client", id, round, *key)``.
+    """
+    with masked_parameters(model, trainable) as params:
+        if not params or epochs == 0:
+            return {"loss": math.nan, "steps": 0, "samples": 0}
+        wd = cfg.weight_decay
+        # SGD's own weight decay would move frozen entries; as a loss term the hook masks it
+        extra = (lambda _m: 0.5 * wd * sum(p.pow(2).sum() for p in params)) if wd > 0 else None
+        return local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size, epochs=epochs,
+                         generator=env.generator("client", client.id, env.round, *key), momentum=cfg.momentum,
+                         weight_decay=0.0, params=params, max_grad_norm=cfg.max_grad_norm, extra_loss=extra,
+                         device=env.device, where=f"client {client.id} {'/'.join(map(str, key))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# GradLTN (Alg. 1) and LocalAlt
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LTNResult:
+    """GradLTN's output: LocalAlt's start (theta_0 or theta_L), the personal mask m_L, a trace.
+
+    ``trace`` (with ``keep_trace``) lists per iteration i the candidate mask m_i and the
+    change |theta_i - theta_{i-1}| that chose it (None for i = 0).
+    """
+
+    start: dict[str, torch.Tensor]
+    mask: Mask
+    trace: list[tuple[Mask, dict | None]] = field(default_factory=list)
+
+    @property
+    def shared(self) -> dict[str, torch.Tensor]:
+        """theta ⊙ ¬m_L: the start's values at shared positions (0 at personal ones)."""
+        return {n: torch.where(self.mask[n], torch.zeros_like(v), v) if n in self.mask else v
+                for n, v in self.start.items()}
+
+    @property
+    def personal(self) -> dict[str, torch.Tensor]:
+        """theta ⊙ m_L: the start's values at personal positions (0 elsewhere)."""
+        return {n: torch.where(m, self.start[n], torch.zeros_like(self.start[n])) for n, m in self.mask.items()}
+
+
+def grad_ltn(model: nn.Module, client, cfg: FedSelectConfig, env, names: list[str] | None = None,
+             keep_trace: bool = False) -> LTNResult:
+    """GradLTN (Alg. 1) from the model's current state theta_0; the model ends in theta_0 or theta_L.
+
+    Args:
+        model: holds theta_0 on entry.
+        client: whose train split is used.
+        cfg: ``personalization_rate`` p, ``ltn_iterations`` L, ``ltn_epochs`` E, ``ranking``, ``start``.
+        env: run context (learning rate schedule, generators).
+        names: eligible parameters (default: ``eligible_names(model, cfg.scope)``).
+        keep_trace: also return every iteration's mask and parameter change.
+    """
+    names = eligible_names(model, cfg.scope) if names is None else names
+    theta0 = get_state(model)
+    cand = filled(model, True, names)  # m_0: every eligible entry trains
+    trace = [(cand, None)] if keep_trace else []
+    last = cfg.ltn_iterations if cfg.start == "theta_L" else cfg.ltn_iterations - 1
+    for i in range(last + 1):
+        if i > 0:
+            now = dict(model.named_parameters())
+            delta = {n: (now[n].detach().cpu() - theta0[n].cpu()).abs() for n in names}
+            cand = keep_largest(delta, cand, cfg.personalization_rate, cfg.ranking)
+            trace += [(cand, delta)] if keep_trace else []
+            set_state(model, theta0)
+        masked_sgd(model, client, cand, cfg, env, cfg.ltn_epochs, ("ltn", i))
+    if cfg.start == "theta_0":
+        now = dict(model.named_parameters())
+        delta = {n: (now[n].detach().cpu() - theta0[n].cpu()).abs() for n in names}
+        cand = keep_largest(delta, cand, cfg.personalization_rate, cfg.ranking)
+        trace += [(cand, delta)] if keep_trace else []
+        set_state(model, theta0)
+    return LTNResult(get_state(model), cand, trace)
+
+
+def local_alt(model: nn.Module, client, personal: Mask, cfg: FLConfig, env) -> dict:
+    """LocalAlt: per epoch one pass over the personal entries, then one over the shared ones.
+
+    ``personal`` must cover every parameter (True = personal). Returns the mean loss.
+    """
+    shared = {n: ~m for n, m in personal.items()}
+    losses = []
+    for e in range(cfg.local_epochs):
+        for part, mask in (("personal", personal), ("shared", shared)):
+            stats = masked_sgd(model, client, mask, cfg, env, 1, ("alt", e, part))
+            if stats["samples"]:
+                losses.append(stats["loss"])
+    return {"loss": float(np.mean(losses)) if losses else math.nan}
+
+
+# ---------------------------------------------------------------------------------------------
+# partial-model exchange: what travels, and the server of Alg. 2
+# ---------------------------------------------------------------------------------------------
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask as uint8 bits (8 entries per byte): how a mask travels."""
+    return torch.from_numpy(np.packbits(mask.detach().cpu().numpy().ravel()))
+
+
+def unpack_bits(bits: torch.Tensor, shape) -> torch.Tensor:
+    n = int(np.prod(shape))
+    return torch.from_numpy(np.unpackbits(bits.numpy(), count=n).astype(bool)).view(tuple(shape))
+
+
+def to_sparse(state: dict, travel: Mask, buffers: bool) -> dict:
+    """The entries of ``state`` where ``travel`` is True, plus the bits of partial masks.
+
+    A tensor entirely travelling goes whole (no bits); one not travelling at all is left out.
+    """
+    values, bits = {}, {}
+    for name, m in travel.items():
+        if bool(m.all()):
+            values[name] = state[name].clone()
+        elif bool(m.any()):
+            values[name], bits[name] = state[name][m.to(state[name].device)].clone(), pack_bits(m)
+    out = {"values": values, "bits": bits}
+    if buffers:
+        out["buffers"] = {k: v.clone() for k, v in state.items() if k not in travel}
+    return out
+
+
+def travel_of(payload: dict, like: dict) -> Mask:
+    """The travel mask a `to_sparse` payload encodes, over the parameters in ``like``."""
+    out = {}
+    for name, ref in like.items():
+        if name in payload["bits"]:
+            out[name] = unpack_bits(payload["bits"][name], ref.shape)
+        else:
+            out[name] = torch.full(ref.shape, name in payload["values"], dtype=torch.bool)
+    return out
+
+
+def write_into(base: dict, payload: dict, travel: Mask) -> dict:
+    """A copy of ``base`` with the payload's values written at its travel positions."""
+    out = {k: v.clone() for k, v in base.items()}
+    for name, vals in payload["values"].items():
+        if name in payload["bits"]:
+            out[name][travel[name].to(out[name].device)] = vals.to(out[name].dtype)
+        else:
+            out[name] = vals.clone()
+    for k, v in payload.get("buffers", {}).items():
+        out[k] = v.clone()
+    return out
+
+
+def init(model, fed, cfg, env) -> dict:
+    w = get_state(model)
+    return {"weights": w, "global_mask": filled(model, False), "travel": {}}
+
+
+def broadcast(state, client_id, cfg, env):
+    """The full model on first contact, else the global values where the client shared last round."""
+    bits = state["travel"].get(client_id)
+    if bits is None:
+        return {"full": state["weights"]}
+    travel = {n: unpack_bits(b, state["weights"][n].shape) for n, b in bits.items()}
+    return to_sparse(state["weights"], travel, buffers=cfg.bn_stats == "shared")
+
+
+def receive(msg, client_state) -> dict:
+    """theta_k^{t-1}: the message's global values at the client's shared positions, its own elsewhere."""
+    if "full" in msg:
+        return {k: v.clone() for k, v in msg["full"].items()}
+    return write_into(client_state["weights"], msg, client_state["travel"])
+
+
+def _dense(payload: dict, name: str, fallback: torch.Tensor, travel: torch.Tensor) -> torch.Tensor:
+    """One tensor of a payload made dense; entries that did not travel take ``fallback``."""
+    if name not in payload["values"]:
+        return fallback
+    if name not in payload["bits"]:
+        return payload["values"][name]
+    out = fallback.clone()
+    out[travel.to(out.device)] = payload["values"][name].to(out.dtype)
+    return out
+
+
+def aggregate(state, updates, cfg, env) -> dict:
+    """Alg. 2: per-entry mean over the clients sharing it; m_G = OR of the client masks."""
+    old = state["weights"]
+    params = state["global_mask"]
+    travels = [travel_of(u.payload, params) for u in updates]
+    sizes = [u.num_samples for u in updates]
+    new = dict(old)
+    for name in params:
+        dense = [_dense(u.payload, name, old[name], t[name]) for u, t in zip(updates, travels)]
+        new[name] = masked_mean(dense, [t[name] for t in travels], sizes, fallback=old[name])
+    with_buffers = [u for u in updates if "buffers" in u.payload]
+    if with_buffers:
+        new.update(weighted_mean([u.payload["buffers"] for u in with_buffers], [u.num_samples for u in with_buffers]))
+    gmask = {n: torch.stack([~t[n] for t in travels]).any(0) for n in params}
+    known = dict(state["travel"])
+    known.update({u.client_id: {n: pack_bits(t[n]) for n in params} for u, t in zip(updates, travels)})
+    return {**state, "weights": new, "global_mask": gmask, "travel": known}
+
+
+def personalized_state(state, client_state, cfg) -> dict:
+    """The client's model after Alg. 2's write-back: global values at its shared positions."""
+    if client_state is None:
+        return state["weights"]
+    out = dict(client_state["weights"])
+    for name, m in client_state["travel"].items():
+        out[name] = torch.where(m.to(out[name].device), state["weights"][name], out[name])
+    if cfg.bn_stats == "shared":
+        out.update({k: v for k, v in state["weights"].items() if k not in client_state["travel"]})
+    return out
+
+
+def evaluate(state, client, client_state, cfg, env, split):
+    model = set_state(env.scratch_model(), personalized_state(state, client_state, cfg))
+    return evaluate_model(model, client, split, device=env.device)
+
+
+def finish_update(model, client, personal: Mask, loss: float, cfg) -> tuple[Update, dict]:
+    """Package a client's round: payload of shared entries, client state, metrics."""
+    weights = get_state(model)
+    travel = {n: ~m for n, m in personal.items()}
+    payload = to_sparse(weights, travel, buffers=cfg.bn_stats == "shared")
+    total = sum(m.numel() for m in personal.values())
+    share = sum(int(m.sum()) for m in personal.values()) / max(total, 1)
+    return (Update(client.id, client.num("train"), payload, {"loss": loss, "personal_share": share}),
+            {"weights": weights, "travel": travel})
+
+
+def client_update(msg, client, client_state, cfg, env):
+    """Alg. 2, client side: GradLTN chooses the mask, LocalAlt trains, shared entries travel."""
+    model = set_state(env.scratch_model(), receive(msg, client_state))
+    ltn = grad_ltn(model, client, cfg, env)
+    set_state(model, ltn.start)
+    personal = {**filled(model, False), **ltn.mask}
+    stats = local_alt(model, client, personal, cfg, env)
+    return finish_update(model, client, personal, stats["loss"], cfg)
+
+
+FEDSELECT = Algorithm(
+    name="fedselect", label="FedSelect", config=FedSelectConfig, init=init, broadcast=broadcast,
+    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
+    global_model=lambda state: state["weights"],
+)
+
+FEDSELECT_V2 = Algorithm(
+    name="fedselect_v2", label="FedSelectv2", config=FedSelectV2Config, init=init, broadcast=broadcast,
+    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
+    global_model=lambda state: state["weights"],
+)

@@ -1,0 +1,149 @@
+"""Per-FedAvg (Fallah et al., 2020): FedAvg of a MAML objective, FO and HF variants.
+
+Each client minimizes the one-step-adapted loss ``F_i(w) = f_i(w - alpha grad f_i(w))``.
+A local step (Per-FedAvg Alg. 1) draws three independent batches D, D', D'':
+
+1. ``w_tmp = w - alpha grad f(w; D)``;
+2. ``g = grad f(w_tmp; D')``;
+3. FO: ``w <- w - beta g``;
+   HF: ``w <- w - beta (g - alpha H(w; D'') g)``, the Hessian-vector product
+   by the central difference ``(grad f(w + delta g) - grad f(w - delta g)) / (2 delta)``
+   on D'' (``hvp="finite_difference"``, the paper's Hessian-free estimate) or by
+   double backpropagation (``hvp="exact"``).
+
+``beta`` is the config's ``lr``, ``local_steps`` = tau. The server averages the
+clients' models (FedAvg). Evaluation personalizes the global model with
+``personalize_steps`` SGD steps of rate ``alpha`` on the client's train split (one
+step in the paper). `global_model` exports the meta-learned w, the starting point
+that FedL2P's Table 1 pretrains with Per-FedAvg (HF).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from pflkit.algorithms.base import Algorithm, FLConfig, Update, replace
+from pflkit.config import one_of, positive, require
+from pflkit.fl.aggregate import weighted_mean
+from pflkit.fl.train import check_finite, evaluate_model, get_state, local_sgd, set_state
+
+
+@dataclass(frozen=True)
+class PerFedAvgConfig(FLConfig):
+    """Attributes: variant ("fo" / "hf"), alpha (inner / personalization rate), lr = beta (outer
+    rate), local_steps = tau, hvp ("finite_difference" / "exact"), delta (finite-difference step),
+    personalize_steps (SGD steps at evaluation)."""
+
+    variant: str = "fo"
+    alpha: float = 0.01
+    lr: float = 0.001
+    local_steps: int = 10
+    hvp: str = "finite_difference"
+    delta: float = 1e-3
+    personalize_steps: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        one_of("variant", self.variant, {"fo", "hf"})
+        positive("alpha", self.alpha)
+        require(self.local_steps >= 1, "local_steps", self.local_steps, "Per-FedAvg counts local steps tau >= 1")
+        one_of("hvp", self.hvp, {"finite_difference", "exact"})
+        positive("delta", self.delta)
+        require(self.personalize_steps >= 0, "personalize_steps", self.personalize_steps, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class PerFedAvgHFConfig(PerFedAvgConfig):
+    variant: str = "hf"
+
+
+def _loss(model, params, buffers, batch):
+    xb, yb = batch
+    return F.cross_entropy(functional_call(model, (params, buffers), (xb,)), yb)
+
+
+def _grad(model, params, buffers, batch, create_graph=False):
+    leaves = {k: v if v.requires_grad else v.detach().requires_grad_() for k, v in params.items()}
+    loss = _loss(model, leaves, buffers, batch)
+    grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=create_graph)
+    return dict(zip(leaves, grads)), loss, leaves
+
+
+def hessian_vector(model, params, buffers, batch, vec, *, how: str, delta: float):
+    """H(w; batch) @ vec, by central differences of gradients or by double backprop."""
+    if how == "exact":
+        grads, _, leaves = _grad(model, params, buffers, batch, create_graph=True)
+        dot = sum((grads[k] * vec[k]).sum() for k in grads)
+        return dict(zip(leaves, torch.autograd.grad(dot, list(leaves.values()))))
+    plus = {k: p.detach() + delta * vec[k] for k, p in params.items()}
+    minus = {k: p.detach() - delta * vec[k] for k, p in params.items()}
+    g_plus, _, _ = _grad(model, plus, buffers, batch)
+    g_minus, _, _ = _grad(model, minus, buffers, batch)
+    return {k: (g_plus[k] - g_minus[k]) / (2 * delta) for k in params}
+
+
+def meta_step(model, params, buffers, batches, cfg, beta: float):
+    """One Per-FedAvg local step on batches (D, D', D''); returns (new params, loss on D)."""
+    d1, d2, d3 = batches
+    g1, loss, _ = _grad(model, params, buffers, d1)
+    tmp = {k: (p - cfg.alpha * g1[k]).detach() for k, p in params.items()}
+    g2, _, _ = _grad(model, tmp, buffers, d2)
+    step = g2
+    if cfg.variant == "hf":
+        hv = hessian_vector(model, params, buffers, d3, g2, how=cfg.hvp, delta=cfg.delta)
+        step = {k: g2[k] - cfg.alpha * hv[k] for k in g2}
+    return {k: (p - beta * step[k]).detach() for k, p in params.items()}, float(loss.detach())
+
+
+def init(model, fed, cfg, env) -> dict:
+    return {"weights": get_state(model)}
+
+
+def broadcast(state, client_id, cfg, env):
+    return state["weights"]
+
+
+def client_update(msg, client, client_state, cfg, env):
+    model = set_state(env.scratch_model(), msg)
+    model.train()
+    names = {n for n, _ in model.named_parameters()}
+    params = {k: v for k, v in msg.items() if k in names}
+    buffers = {k: v.clone() for k, v in msg.items() if k not in names}
+    gen = env.generator("client", client.id, env.round)
+    losses = []
+    for _ in range(cfg.local_steps):
+        batches = [client.random_batch("train", cfg.batch_size, gen, env.device, True) for _ in range(3)]
+        params, loss = meta_step(model, params, buffers, batches, cfg, cfg.lr_at(env.round))
+        losses.append(check_finite(loss, f"Per-FedAvg client {client.id}"))
+    new = {**msg, **params, **buffers}
+    return Update(client.id, client.num("train"), new, {"loss": sum(losses) / len(losses)}), client_state
+
+
+def aggregate(state, updates, cfg, env):
+    return {**state, "weights": weighted_mean([u.payload for u in updates], [u.num_samples for u in updates])}
+
+
+def personalized(weights, client, cfg, env):
+    """The global model after ``personalize_steps`` SGD steps of rate alpha on the client's data."""
+    model = set_state(env.scratch_model(), weights)
+    if cfg.personalize_steps > 0:
+        local_sgd(model, client, lr=cfg.alpha, batch_size=cfg.batch_size, steps=cfg.personalize_steps,
+                  generator=env.generator("perfedavg-eval", client.id), device=env.device,
+                  where=f"Per-FedAvg personalization, client {client.id}")
+    return model
+
+
+def evaluate(state, client, client_state, cfg, env, split):
+    return evaluate_model(personalized(state["weights"], client, cfg, env), client, split, device=env.device)
+
+
+PERFEDAVG = Algorithm(
+    name="perfedavg", label="Per-FedAvg (FO)", config=PerFedAvgConfig, init=init, broadcast=broadcast,
+    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
+    global_model=lambda state: state["weights"], exports_global=True,
+)
+
+PERFEDAVG_HF = replace(PERFEDAVG, name="perfedavg_hf", label="Per-FedAvg (HF)", config=PerFedAvgHFConfig)

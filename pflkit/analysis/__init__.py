@@ -1,0 +1,1 @@
+"""Analyses of trained federations: pure functions of masks, states and saved results."""

@@ -1,0 +1,129 @@
+"""Analyses behind pFedHN's figures: novel clients (Fig. 2 / 7), mix-and-match (Fig. 3), budgets (Table 2).
+
+Pure helpers over a trained stage: they take the server state, client states and
+federation that `pflkit.fl.loop.run_rounds` returns, and give arrays the notebooks
+plot. `train_method` runs one method of an experiment file on a given federation
+(the notebooks need the trained state, which ``results.json`` does not keep).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pflkit.algorithms import get_algorithm
+from pflkit.algorithms import pfedhn
+from pflkit.data.partition import nearest_tv
+from pflkit.fl.federation import Federation, build_federation
+from pflkit.fl.loop import StageResult, run_rounds, summarize
+from pflkit.fl.train import evaluate_model
+
+
+def subfederation(fed: Federation, ids) -> Federation:
+    """The clients ``ids`` as a federation of their own, renumbered 0..len(ids)-1 in that order.
+
+    Used for the 90 training / 10 novel clients of sec. 5.3 and for the per-group
+    baselines of Table 2 (each budget group trained on its own).
+    """
+    ids = [int(i) for i in ids]
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= fed.num_clients:
+        raise ValueError(f"ids must be distinct client ids in [0, {fed.num_clients}), got {ids[:10]}")
+    clients = [dataclasses.replace(fed.clients[i], id=j) for j, i in enumerate(ids)]
+    return Federation(fed.meta, fed.x, fed.y, clients, {**fed.recipe, "subset": ids})
+
+
+def experiment_federation(exp, dataset, seed: int | None = None) -> Federation:
+    """The federation `pflkit.runner` builds for experiment ``exp`` (same call, same seed)."""
+    d = exp.data
+    return build_federation(dataset, d.scheme, d.num_clients, seed=exp.seed if seed is None else seed, split=d.split,
+                            test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
+                            augment=d.augment, **d.partition)
+
+
+def method_config(exp, label: str, **changes):
+    """(algorithm, config) of method ``label`` of a resolved experiment, with fields replaced."""
+    stages = {m.label: m for m in exp.methods}
+    if exp.pretrain is not None:
+        stages.setdefault(exp.pretrain.label, exp.pretrain)
+    if label not in stages:
+        raise ValueError(f"experiment {exp.name!r} has no method {label!r}; methods: {list(stages)}")
+    stage = stages[label]
+    return get_algorithm(stage.algorithm), dataclasses.replace(stage.config, **changes)
+
+
+def train_method(exp, label: str, fed: Federation, env, *, model=None, desc: str | None = None,
+                 **changes) -> StageResult:
+    """Train and test method ``label`` of experiment ``exp`` on ``fed``; returns the `StageResult`."""
+    algo, cfg = method_config(exp, label, **changes)
+    if model is None:
+        env.seed_torch("init")
+        model = env.model_fn().to(env.device)
+    return run_rounds(algo, cfg, fed, model, env, desc=desc)
+
+
+# ---------------------------------------------------------------- Fig. 3
+
+
+def mix_and_match(state, client_states: dict, fed: Federation, cfg, env, split: str = "test") -> np.ndarray:
+    """acc[i, j]: client i's data, client j's generated feature extractor, client i's own head.
+
+    For a pFedHN-PC state (sec. 5.4). The diagonal is each client's own model.
+    """
+    n = fed.num_clients
+    acc = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            model = pfedhn.personal_model(state, fed.clients[i], client_states.get(i), cfg, env, theta_from=j)
+            acc[i, j] = evaluate_model(model, fed.clients[i], split, device=env.device)["acc"]
+    return acc
+
+
+def row_normalize(acc) -> np.ndarray:
+    """(acc_ij - min_l acc_il) / (max_l acc_il - min_l acc_il) per row (Fig. 3); constant rows -> 1."""
+    a = np.asarray(acc, dtype=np.float64)
+    lo, hi = a.min(1, keepdims=True), a.max(1, keepdims=True)
+    span = hi - lo
+    return np.where(span > 0, (a - lo) / np.where(span > 0, span, 1.0), 1.0)
+
+
+def client_classes(fed: Federation, split: str = "train") -> list[tuple[str, ...]]:
+    """Names of the classes each client holds (the row / column labels of Fig. 3)."""
+    names = fed.meta.class_names
+    return [tuple(names[c] for c in np.flatnonzero(h)) for h in fed.histograms(split)]
+
+
+# ---------------------------------------------------------------- Fig. 2 / 7
+
+
+def novel_tv(train: Federation, novel: Federation, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """TV distance of every novel client's label distribution to its nearest training client.
+
+    Returns:
+        ``(distances, nearest training client ids)``, both of length ``novel.num_clients``.
+    """
+    return nearest_tv(novel.histograms(split), train.histograms(split), return_index=True)
+
+
+def fit_novel_clients(trained: StageResult, novel: Federation, cfg, env, *, rounds: int | None = None,
+                      init: str = "mean") -> StageResult:
+    """Sec. 5.3: freeze phi, learn an embedding for each novel client with Alg. 1's update."""
+    algo = pfedhn.novel_client_algorithm(trained.state, novel.num_clients, init=init)
+    steps = rounds if rounds is not None else max(1, novel.num_clients * 10)
+    ncfg = dataclasses.replace(cfg, train_hypernet=False, rounds=steps)
+    env.seed_torch("init")
+    return run_rounds(algo, ncfg, novel, env.model_fn().to(env.device), env)
+
+
+def generalization_gap(novel_per_client: dict, train_per_client: dict) -> float:
+    """acc_novel - acc_train, each the mean over clients of per-client accuracy (Fig. 2)."""
+    return summarize(novel_per_client)["acc"] - summarize(train_per_client)["acc"]
+
+
+# ---------------------------------------------------------------- Table 2
+
+
+def group_accuracy(per_client: list[float] | np.ndarray, num_groups: int) -> list[float]:
+    """Mean accuracy of each budget group (contiguous equal groups, `pfedhn.budget_group`)."""
+    acc = np.asarray(per_client, dtype=np.float64)
+    groups = np.array([pfedhn.budget_group(i, len(acc), num_groups) for i in range(len(acc))])
+    return [float(acc[groups == g].mean()) for g in range(num_groups)]

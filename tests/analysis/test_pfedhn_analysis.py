@@ -1,0 +1,59 @@
+"""pFedHN's figure helpers: TV to the nearest training client, mix-and-match, budget groups, sub-federations."""
+import numpy as np
+import pytest
+import torch
+
+from pflkit.algorithms import ALGORITHMS
+from pflkit.algorithms.base import Env
+from pflkit.analysis.pfedhn import (group_accuracy, mix_and_match, novel_tv, row_normalize, subfederation)
+from pflkit.data.partition import nearest_tv, total_variation
+from pflkit.fl.federation import build_federation
+from pflkit.fl.loop import run_rounds
+from pflkit.models import build_model
+from tests.helpers_data import digits_dataset
+
+
+def test_total_variation_by_hand():
+    p, q = [2, 2, 0], [0, 1, 1]  # counts: (.5, .5, 0) vs (0, .5, .5)
+    assert float(total_variation(p, q)) == pytest.approx(0.5)
+    assert float(total_variation([1, 0], [0, 3])) == pytest.approx(1.0)
+    train = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 4]])
+    dist, idx = nearest_tv([[3, 1, 0], [0, 1, 3]], train, return_index=True)
+    # novel 0 = (.75, .25, 0): TV to train 0 = .25, to train 1 = .25, to train 2 = 1 -> .25 (first: 0)
+    # novel 1 = (0, .25, .75): TV to train 2 = .25
+    np.testing.assert_allclose(dist, [0.25, 0.25])
+    assert idx.tolist() == [0, 2]
+
+
+def test_subfederation_and_novel_tv():
+    fed = build_federation(digits_dataset(), "class_dirichlet", 12, seed=0, alpha=[0.1] * 9 + [1.0] * 3)
+    train, novel = subfederation(fed, range(9)), subfederation(fed, [9, 10, 11])
+    assert [c.id for c in novel.clients] == [0, 1, 2]
+    assert np.array_equal(novel.clients[0].splits["train"], fed.clients[9].splits["train"])
+    dist, idx = novel_tv(train, novel)
+    h_n, h_t = novel.histograms(), train.histograms()
+    for j in range(3):
+        hand = [0.5 * np.abs(h_n[j] / h_n[j].sum() - h / h.sum()).sum() for h in h_t]
+        assert dist[j] == pytest.approx(min(hand)) and idx[j] == int(np.argmin(hand))
+    with pytest.raises(ValueError, match="distinct client ids"):
+        subfederation(fed, [0, 0])
+
+
+def test_row_normalize_and_group_accuracy():
+    acc = np.array([[0.5, 1.0, 0.75], [0.2, 0.2, 0.2]])
+    np.testing.assert_allclose(row_normalize(acc), [[0.0, 1.0, 0.5], [1.0, 1.0, 1.0]])
+    assert group_accuracy([1, 1, 0, 0, 0.5, 0.5], 3) == [1.0, 0.0, 0.5]
+
+
+def test_mix_and_match_diagonal_is_each_clients_own_model():
+    fed = build_federation(digits_dataset(), "pathological", 4, seed=0, classes_per_client=2)
+    env = Env(model_fn=lambda: build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=(16,)), seed=0)
+    algo = ALGORITHMS["pfedhn_pc"]
+    cfg = algo.make_config({"rounds": 8, "local_steps": 5, "eval_every": 0, "hidden": 16, "depth": 1, "lr": 0.05})
+    env.seed_torch("init")
+    res = run_rounds(algo, cfg, fed, env.model_fn(), env)
+    acc = mix_and_match(res.state, res.client_states, fed, cfg, env)
+    own = [res.per_client[i]["acc"] for i in range(4)]
+    np.testing.assert_allclose(np.diag(acc), own)
+    assert acc.shape == (4, 4) and not np.allclose(acc, acc[:, :1])  # feature extractors differ across clients
+    torch.testing.assert_close(torch.tensor(row_normalize(acc)).amax(1), torch.ones(4, dtype=torch.float64))
