@@ -28,7 +28,6 @@ import time
 import torch
 
 from pflkit import kernels
-from pflkit.kernels import reference
 
 TARGETS = {"mixed_bn_speedup": 1.5, "mixed_bn_copy_fraction": 0.70, "neumann_speedup": 5.0}
 

@@ -39,10 +39,19 @@ def _run(name: str, args) -> int:
         overrides.append(f"kernels={args.kernels}")
     cfg = resolve(name, args.preset, overrides)
     engine = getattr(args, "engine", "pflkit")
-    if engine != "pflkit":
-        raise ConfigError(f"--engine={engine!r}: only the built-in engine 'pflkit' is available in this version")
+    if engine not in ("pflkit", "flower"):
+        raise ConfigError(f"--engine={engine!r}: expected 'pflkit' or 'flower'")
     out = Path(args.out or Path("runs") / f"{cfg.name}-{cfg.preset}")
-    results = run_experiment(cfg, out, data_root=args.data_root, resume=args.resume, progress=not args.quiet)
+    if engine == "flower":  # a local Flower simulation (Ray), one virtual SuperNode per client
+        if args.resume:
+            raise ConfigError("--resume is not available with --engine flower")
+        try:
+            from pflkit.flower.simulation import run_flower
+        except ImportError as e:
+            raise ConfigError(f"--engine flower needs Flower: pip install -e \".[flower]\" ({e})") from e
+        results = run_flower(cfg, out, data_root=args.data_root, progress=not args.quiet)
+    else:
+        results = run_experiment(cfg, out, data_root=args.data_root, resume=args.resume, progress=not args.quiet)
     print(format_table(results))
     fig = save_figure(plot_methods(results).figure, out / "methods.png")
     print(f"results: {out / 'results.json'}\nfigure: {fig}")

@@ -8,6 +8,10 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+# Triton's interpreter runs the kernels on CPU tensors; it must be switched on before anything
+# (torchvision does) imports triton, so it is set here rather than in tests/kernels/
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 # one place for numerical tolerances, by dtype

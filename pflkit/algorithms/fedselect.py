@@ -29,6 +29,13 @@ Larger p: more personal entries, fewer shared ones, less communication (sec. 2.3
 The ranking is over the whole parameter vector by default (``ranking="global"``,
 gamma is one vector in Alg. 1); ``ranking="layer"`` applies the share per tensor.
 
+**The authors' code** (papers/reference-implementations.md) grows the mask across rounds
+instead, and ``schedule="rounds"`` offers it: the personal mask persists in the client state;
+each round the client runs LocalAlt with it, then, among the still-shared eligible entries,
+the share p that moved most during that training becomes personal, until ``target`` (80%)
+of the eligible entries is personal (there p = 0.25 and ``scope="weights"``). The mask then
+only grows: 1 - (1 - p)^r after r rounds. GradLTN is not run; FedSelectv2 does not apply.
+
 Iteration count: i = 0 trains every eligible entry, i = 1..L each select then train,
 so L selections and L + 1 training phases of E epochs. FedSelect returns theta_0
 (the last phase's result would be discarded, so it is skipped); **FedSelectv2**
@@ -44,12 +51,15 @@ mask covers them. ``bn_stats="shared"`` (default) sends them and averages them b
 sample count like FedAvg; ``bn_stats="local"`` keeps them on the client (FedBN).
 GradLTN resets the whole state (buffers included) to theta_0 at each iteration.
 
-**Communication** (what ``nbytes`` counts): up, the values at the client's shared
-positions as one 1-D tensor per partially shared tensor plus that tensor's mask
-packed to bits (1/32 of its float32 size), whole tensors when entirely shared,
-nothing for entirely personal ones, plus BN buffers when shared. Down, the global
-values at the positions the client shared last round (the server keeps each client's
-last mask); a client's first message is the full global model.
+**Communication** (what ``nbytes`` counts). Up: the values at the client's shared
+positions (a whole tensor when entirely shared, a 1-D tensor of its shared entries when
+partly shared, nothing when entirely personal) plus, for partly shared tensors, the mask
+(`encode_mask`: packed bits, numel / 8 bytes, or the int32 positions of the personal
+entries when fewer), plus BN buffers when shared. Down: only the global values at the
+positions the client shared last round (the server keeps each client's last mask, and
+the client knows it); a client's first message is the full global model. Alg. 2's
+write-back of the global values into each client's non-personal positions happens when
+the client next receives them (`receive`) and when it is evaluated (`personalized_state`).
 
 Frozen means frozen: masked training multiplies gradients by the mask (weight decay
 is folded into the loss so it is masked too), so frozen entries never move.
@@ -64,7 +74,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.algorithms.base import Algorithm, FLConfig, Update, replace
 from pflkit.config import fraction, one_of, require
 from pflkit.fl.aggregate import masked_mean, weighted_mean
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
@@ -86,6 +96,9 @@ class FedSelectConfig(FLConfig):
         scope: ``"all"`` parameters eligible, or ``"weights"`` (conv / linear weights only).
         ranking: ``"global"`` (one ranking over all eligible entries) or ``"layer"``.
         bn_stats: ``"shared"`` (averaged) or ``"local"`` BN running statistics.
+        schedule: ``"gradltn"`` (Alg. 1 each round) or ``"rounds"`` (the authors' code:
+            the personal mask persists and grows across rounds; module docstring).
+        target: ``"rounds"`` only: personal share of the eligible entries where growth stops.
     """
 
     fraction: float = 1.0
@@ -97,10 +110,16 @@ class FedSelectConfig(FLConfig):
     scope: str = "all"
     ranking: str = "global"
     bn_stats: str = "shared"
+    schedule: str = "gradltn"
+    target: float = 0.8
 
     def __post_init__(self):
         super().__post_init__()
         fraction("personalization_rate", self.personalization_rate)
+        one_of("schedule", self.schedule, {"gradltn", "rounds"})
+        fraction("target", self.target)
+        require(self.schedule == "gradltn" or self.start == "theta_0", "start", self.start,
+                "theta_L (FedSelectv2) needs schedule='gradltn'")
         require(self.ltn_iterations >= 1, "ltn_iterations", self.ltn_iterations, "must be >= 1")
         require(self.ltn_epochs >= 1, "ltn_epochs", self.ltn_epochs, "must be >= 1")
         require(self.local_steps == 0, "local_steps", self.local_steps, "FedSelect trains by epochs; use 0")
@@ -241,21 +260,22 @@ def grad_ltn(model: nn.Module, client, cfg: FedSelectConfig, env, names: list[st
     theta0 = get_state(model)
     cand = filled(model, True, names)  # m_0: every eligible entry trains
     trace = [(cand, None)] if keep_trace else []
-    last = cfg.ltn_iterations if cfg.start == "theta_L" else cfg.ltn_iterations - 1
-    for i in range(last + 1):
-        if i > 0:
-            now = dict(model.named_parameters())
-            delta = {n: (now[n].detach().cpu() - theta0[n].cpu()).abs() for n in names}
-            cand = keep_largest(delta, cand, cfg.personalization_rate, cfg.ranking)
-            trace += [(cand, delta)] if keep_trace else []
-            set_state(model, theta0)
-        masked_sgd(model, client, cand, cfg, env, cfg.ltn_epochs, ("ltn", i))
-    if cfg.start == "theta_0":
+
+    def select(cand: Mask) -> Mask:
+        # every iteration starts from theta_0 (rewind), so theta_i - theta_{i-1} is the move since theta_0
         now = dict(model.named_parameters())
         delta = {n: (now[n].detach().cpu() - theta0[n].cpu()).abs() for n in names}
-        cand = keep_largest(delta, cand, cfg.personalization_rate, cfg.ranking)
-        trace += [(cand, delta)] if keep_trace else []
+        kept = keep_largest(delta, cand, cfg.personalization_rate, cfg.ranking)
+        trace.extend([(kept, delta)] if keep_trace else [])
         set_state(model, theta0)
+        return kept
+
+    for i in range(cfg.ltn_iterations + 1):
+        if i > 0:
+            cand = select(cand)
+        if i == cfg.ltn_iterations and cfg.start == "theta_0":
+            break  # FedSelect returns theta_0: the last phase's training would be discarded
+        masked_sgd(model, client, cand, cfg, env, cfg.ltn_epochs, ("ltn", i))
     return LTNResult(get_state(model), cand, trace)
 
 
@@ -279,28 +299,43 @@ def local_alt(model: nn.Module, client, personal: Mask, cfg: FLConfig, env) -> d
 # ---------------------------------------------------------------------------------------------
 
 
-def pack_bits(mask: torch.Tensor) -> torch.Tensor:
-    """A bool mask as uint8 bits (8 entries per byte): how a mask travels."""
+def _bits(mask: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.packbits(mask.detach().cpu().numpy().ravel()))
 
 
-def unpack_bits(bits: torch.Tensor, shape) -> torch.Tensor:
+def encode_mask(mask: torch.Tensor) -> dict:
+    """How a partial mask travels: packed bits (numel / 8 bytes) or, when cheaper, the int32
+    flat positions of its False entries (4 bytes each)."""
+    holes = (~mask).flatten().nonzero().flatten()
+    if 4 * holes.numel() < (mask.numel() + 7) // 8:
+        return {"holes": holes.to(torch.int32).cpu()}
+    return {"bits": _bits(mask)}
+
+
+def decode_mask(code: dict, shape) -> torch.Tensor:
     n = int(np.prod(shape))
-    return torch.from_numpy(np.unpackbits(bits.numpy(), count=n).astype(bool)).view(tuple(shape))
+    if "holes" in code:
+        out = torch.ones(n, dtype=torch.bool)
+        out[code["holes"].long()] = False
+        return out.view(tuple(shape))
+    return torch.from_numpy(np.unpackbits(code["bits"].numpy(), count=n).astype(bool)).view(tuple(shape))
 
 
-def to_sparse(state: dict, travel: Mask, buffers: bool) -> dict:
-    """The entries of ``state`` where ``travel`` is True, plus the bits of partial masks.
+def to_sparse(state: dict, travel: Mask, buffers: bool, masks: bool = True) -> dict:
+    """The entries of ``state`` where ``travel`` is True (1-D per partially travelling tensor).
 
-    A tensor entirely travelling goes whole (no bits); one not travelling at all is left out.
+    A tensor entirely travelling goes whole, one not travelling at all is left out, and a
+    partial one carries its `encode_mask` code unless ``masks=False`` (the receiver knows it).
     """
-    values, bits = {}, {}
+    values, codes = {}, {}
     for name, m in travel.items():
         if bool(m.all()):
             values[name] = state[name].clone()
         elif bool(m.any()):
-            values[name], bits[name] = state[name][m.to(state[name].device)].clone(), pack_bits(m)
-    out = {"values": values, "bits": bits}
+            values[name] = state[name][m.to(state[name].device)].clone()
+            if masks:
+                codes[name] = encode_mask(m)
+    out = {"values": values, "masks": codes}
     if buffers:
         out["buffers"] = {k: v.clone() for k, v in state.items() if k not in travel}
     return out
@@ -308,25 +343,27 @@ def to_sparse(state: dict, travel: Mask, buffers: bool) -> dict:
 
 def travel_of(payload: dict, like: dict) -> Mask:
     """The travel mask a `to_sparse` payload encodes, over the parameters in ``like``."""
-    out = {}
-    for name, ref in like.items():
-        if name in payload["bits"]:
-            out[name] = unpack_bits(payload["bits"][name], ref.shape)
-        else:
-            out[name] = torch.full(ref.shape, name in payload["values"], dtype=torch.bool)
+    return {name: decode_mask(payload["masks"][name], ref.shape) if name in payload["masks"]
+            else torch.full(ref.shape, name in payload["values"], dtype=torch.bool) for name, ref in like.items()}
+
+
+def _dense(payload: dict, name: str, fallback: torch.Tensor, travel: torch.Tensor) -> torch.Tensor:
+    """One tensor of a payload made dense; entries that did not travel take ``fallback``."""
+    if name not in payload["values"]:
+        return fallback.clone()
+    if bool(travel.all()):
+        return payload["values"][name].clone()
+    out = fallback.clone()
+    out[travel.to(out.device)] = payload["values"][name].to(out.dtype)
     return out
 
 
 def write_into(base: dict, payload: dict, travel: Mask) -> dict:
-    """A copy of ``base`` with the payload's values written at its travel positions."""
+    """A copy of ``base`` with the payload's values written at the ``travel`` positions."""
     out = {k: v.clone() for k, v in base.items()}
-    for name, vals in payload["values"].items():
-        if name in payload["bits"]:
-            out[name][travel[name].to(out[name].device)] = vals.to(out[name].dtype)
-        else:
-            out[name] = vals.clone()
-    for k, v in payload.get("buffers", {}).items():
-        out[k] = v.clone()
+    for name in payload["values"]:
+        out[name] = _dense(payload, name, out[name], travel[name])
+    out.update({k: v.clone() for k, v in payload.get("buffers", {}).items()})
     return out
 
 
@@ -340,8 +377,8 @@ def broadcast(state, client_id, cfg, env):
     bits = state["travel"].get(client_id)
     if bits is None:
         return {"full": state["weights"]}
-    travel = {n: unpack_bits(b, state["weights"][n].shape) for n, b in bits.items()}
-    return to_sparse(state["weights"], travel, buffers=cfg.bn_stats == "shared")
+    travel = {n: decode_mask({"bits": b}, state["weights"][n].shape) for n, b in bits.items()}
+    return to_sparse(state["weights"], travel, buffers=cfg.bn_stats == "shared", masks=False)
 
 
 def receive(msg, client_state) -> dict:
@@ -349,17 +386,6 @@ def receive(msg, client_state) -> dict:
     if "full" in msg:
         return {k: v.clone() for k, v in msg["full"].items()}
     return write_into(client_state["weights"], msg, client_state["travel"])
-
-
-def _dense(payload: dict, name: str, fallback: torch.Tensor, travel: torch.Tensor) -> torch.Tensor:
-    """One tensor of a payload made dense; entries that did not travel take ``fallback``."""
-    if name not in payload["values"]:
-        return fallback
-    if name not in payload["bits"]:
-        return payload["values"][name]
-    out = fallback.clone()
-    out[travel.to(out.device)] = payload["values"][name].to(out.dtype)
-    return out
 
 
 def aggregate(state, updates, cfg, env) -> dict:
@@ -377,7 +403,8 @@ def aggregate(state, updates, cfg, env) -> dict:
         new.update(weighted_mean([u.payload["buffers"] for u in with_buffers], [u.num_samples for u in with_buffers]))
     gmask = {n: torch.stack([~t[n] for t in travels]).any(0) for n in params}
     known = dict(state["travel"])
-    known.update({u.client_id: {n: pack_bits(t[n]) for n in params} for u, t in zip(updates, travels)})
+    # the server remembers each client's last mask (as bits) to send it only its shared entries
+    known.update({u.client_id: {n: _bits(t[n]) for n in params} for u, t in zip(updates, travels)})
     return {**state, "weights": new, "global_mask": gmask, "travel": known}
 
 
@@ -409,9 +436,36 @@ def finish_update(model, client, personal: Mask, loss: float, cfg) -> tuple[Upda
             {"weights": weights, "travel": travel})
 
 
+def grow_mask(model: nn.Module, before: dict, personal: Mask, names: list[str], share: float, target: float,
+              ranking: str = "global") -> Mask:
+    """The authors' schedule: among the still-shared eligible entries, the ``share`` that moved most
+    since ``before`` become personal, without passing ``target`` of the eligible entries."""
+    total = sum(personal[n].numel() for n in names)
+    mine = sum(int(personal[n].sum()) for n in names)
+    k = min(int(round(share * (total - mine))), int(math.floor(target * total)) - mine)
+    if k <= 0:
+        return personal
+    now = dict(model.named_parameters())
+    delta = {n: (now[n].detach().cpu() - before[n].cpu()).abs() for n in names}
+    join = keep_largest(delta, {n: ~personal[n] for n in names}, k / (total - mine), ranking)
+    return {n: m | join[n] if n in join else m for n, m in personal.items()}
+
+
+def _rounds_update(model, client, client_state, cfg, env):
+    """``schedule="rounds"``: LocalAlt with last round's mask, then the mask grows."""
+    names = eligible_names(model, cfg.scope)
+    personal = filled(model, False) if client_state is None else {n: ~t for n, t in client_state["travel"].items()}
+    before = get_state(model)
+    stats = local_alt(model, client, personal, cfg, env)
+    personal = grow_mask(model, before, personal, names, cfg.personalization_rate, cfg.target, cfg.ranking)
+    return finish_update(model, client, personal, stats["loss"], cfg)
+
+
 def client_update(msg, client, client_state, cfg, env):
     """Alg. 2, client side: GradLTN chooses the mask, LocalAlt trains, shared entries travel."""
     model = set_state(env.scratch_model(), receive(msg, client_state))
+    if cfg.schedule == "rounds":
+        return _rounds_update(model, client, client_state, cfg, env)
     ltn = grad_ltn(model, client, cfg, env)
     set_state(model, ltn.start)
     personal = {**filled(model, False), **ltn.mask}
@@ -425,8 +479,4 @@ FEDSELECT = Algorithm(
     global_model=lambda state: state["weights"],
 )
 
-FEDSELECT_V2 = Algorithm(
-    name="fedselect_v2", label="FedSelectv2", config=FedSelectV2Config, init=init, broadcast=broadcast,
-    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"],
-)
+FEDSELECT_V2 = replace(FEDSELECT, name="fedselect_v2", label="FedSelectv2", config=FedSelectV2Config)

@@ -150,7 +150,10 @@ class PFedVEMConfig(FLConfig):
             variational parameters with the base frozen (the authors' head_epochs = 20);
             the step is ``head_step`` / (curvature bound of the objective), see `_fit_head`.
         n_mc: reparameterized samples per ELBO estimate and per base step (5).
-        init_scale: sigma of a new client's q_j (its mean starts at w); the authors use 1.
+        init_scale: sigma of a new client's q_j (its mean starts at w), hence also its first
+            rho_j. The authors use 1 with a N(0, 1) initial head; scale it to the model's head
+            init. With far fewer samples than head entries (n_j << D) the EM moves rho_j slowly,
+            so this also sets the prior's strength for many rounds.
         predict: ``"mean"`` (posterior mean head) or ``"mc"`` (averaged softmax).
         eval_mc: samples for ``predict = "mc"``.
     """

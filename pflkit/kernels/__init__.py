@@ -10,12 +10,16 @@ Backend setting (module level; the config key and CLI flag ``kernels`` set it):
 
 * ``"auto"`` (default): Triton for CUDA tensors when Triton imports and the op takes the
   inputs (e.g. not float64); the reference otherwise (CPU, MPS, Triton missing).
-* ``"triton"``: always the Triton op; an error saying why when it cannot run. CUDA tensors,
-  or CPU tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter: slow, for tests).
+* ``"triton"``: always the Triton op, and a RuntimeError saying why when it cannot run it
+  (no CUDA, Triton missing, or inputs it does not take: float64, running statistics that
+  require grad, a Neumann update under autograd) rather than a silent fallback. Runs CUDA
+  tensors, or CPU tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter: slow, for
+  tests; the variable must be set before anything imports triton).
 * ``"reference"``: always the pure-PyTorch reference.
 
 The initial value comes from the environment variable ``PFLKIT_KERNELS``. Change it with
-`set_backend`, or temporarily with ``with use_backend("reference"): ...``.
+`set_backend`, or temporarily with ``with use_backend("reference"): ...``. Importing this
+package does not import Triton; `is_available` really runs each Triton op once.
 """
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._triton_common import (all_aligned, check_same_device, group_by_dtype, lazy_jit, plan_for, pointer_table,
-                             split_flat)
+from ._triton_common import all_aligned, check_same_device, group_by_dtype, lazy_jit, plan_for, pointer_table
 
 # `tl` is bound to triton.language in the namespace the kernels are jitted in
 # (`_triton_common.lazy_jit`), so importing this module does not import Triton.
@@ -52,7 +51,7 @@ def _tile_setup(table_ptr, L, i, tile_index_ptr, tile, ref_ptr, ALIGNED: tl.cons
 
 
 @lazy_jit
-def _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A: tl.constexpr, MASKED: tl.constexpr):
+def _axpy_tile(a_ptr, b_ptr, out_ptr, offs, n, s, HAS_A: tl.constexpr, MASKED: tl.constexpr):
     if MASKED:
         mask = offs < n
         other = 0.0
@@ -62,23 +61,29 @@ def _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A: tl.constexpr, MASK
     y = s * tl.load(b_ptr + offs, mask=mask, other=other).to(tl.float32)
     if HAS_A:
         y += tl.load(a_ptr + offs, mask=mask, other=other).to(tl.float32)
-    tl.store(out_ptr + out, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @lazy_jit
-def _axpy_kernel(table_ptr, L, s_ptr, out_ptr, tile_tensor_ptr, tile_index_ptr, numel_ptr, flat_start_ptr,
-                 HAS_A: tl.constexpr, ALIGNED: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """One tile of out_l = a_l + s_l * b_l (a omitted when not HAS_A); fp32 arithmetic."""
+def _axpy_kernel(table_ptr, L, s_ptr, ref_ptr, tile_tensor_ptr, tile_index_ptr, numel_ptr,
+                 HAS_A: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+    """One tile of out_l = a_l + s_l * b_l (a omitted when not HAS_A); fp32 arithmetic.
+
+    Table rows: a, b, out. The outputs are separate tensors (not views of one buffer), so
+    autograd lets callers modify them in place, as with the reference.
+    """
     tile = tl.program_id(0)
     i = tl.load(tile_tensor_ptr + tile)
     n = tl.load(numel_ptr + i)
     s = tl.load(s_ptr + i).to(tl.float32)
-    a_ptr, b_ptr, start, offs = _tile_setup(table_ptr, L, i, tile_index_ptr, tile, out_ptr, ALIGNED, BLOCK)
-    out = tl.multiple_of(tl.load(flat_start_ptr + i), ALIGN) + offs
+    a_ptr, b_ptr, start, offs = _tile_setup(table_ptr, L, i, tile_index_ptr, tile, ref_ptr, ALIGNED, BLOCK)
+    out_ptr = tl.load(table_ptr + 2 * L + i).to(ref_ptr.dtype)
+    if ALIGNED:
+        out_ptr = tl.multiple_of(out_ptr, 16)
     if start + BLOCK <= n:
-        _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A, False)
+        _axpy_tile(a_ptr, b_ptr, out_ptr, offs, n, s, HAS_A, False)
     else:
-        _axpy_tile(a_ptr, b_ptr, out_ptr, offs, out, n, s, HAS_A, True)
+        _axpy_tile(a_ptr, b_ptr, out_ptr, offs, n, s, HAS_A, True)
 
 
 @lazy_jit
@@ -115,15 +120,14 @@ def _axpy_raw(s: torch.Tensor, a, b):
         gb = [b[i].contiguous() for i in idx]
         ga = [a[i].to(gb[j].dtype).contiguous() for j, i in enumerate(idx)] if a is not None else gb
         plan = plan_for(gb, BLOCK)
-        flat = torch.empty(plan.total, dtype=gb[0].dtype, device=gb[0].device)
+        go = [torch.empty_like(t) for t in gb]
         if plan.num_tiles > 0:
             gs = s[idx].float().contiguous() if len(idx) < len(b) else s.float().contiguous()
             _axpy_kernel[(plan.num_tiles,)](
-                pointer_table(ga, gb), len(gb), gs, flat, plan.tile_tensor, plan.tile_index, plan.numels,
-                plan.flat_start, HAS_A=a is not None, ALIGNED=all_aligned(ga, gb), ALIGN=plan.align, BLOCK=BLOCK,
-                num_warps=NUM_WARPS)
-        for j, view in zip(idx, split_flat(flat, gb, plan)):
-            outs[j] = view
+                pointer_table(ga, gb, go), len(gb), gs, gb[0], plan.tile_tensor, plan.tile_index, plan.numels,
+                HAS_A=a is not None, ALIGNED=all_aligned(ga, gb, go), BLOCK=BLOCK, num_warps=NUM_WARPS)
+        for j, t in zip(idx, go):
+            outs[j] = t
     return outs
 
 

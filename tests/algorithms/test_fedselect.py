@@ -7,8 +7,8 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.base import Env, Update
 from pflkit.algorithms.fedselect import (
-    FEDSELECT, FEDSELECT_V2, aggregate, broadcast, eligible_names, filled, grad_ltn, keep_largest, local_alt,
-    masked_sgd, personalized_state, receive, to_sparse,
+    FEDSELECT, FEDSELECT_V2, aggregate, broadcast, decode_mask, eligible_names, encode_mask, filled, grad_ltn,
+    keep_largest, local_alt, masked_sgd, personalized_state, receive, to_sparse,
 )
 from pflkit.config import ConfigError
 from pflkit.fl.federation import build_federation
@@ -171,16 +171,46 @@ def test_payload_counts_only_shared_entries_and_broadcast_round_trips():
     travel = {n: ~m for n, m in personal.items()}
     payload = to_sparse(w, travel, buffers=False)
     shared = sum(int(t.sum()) for t in travel.values())
-    assert "head.bias" not in payload["values"] and set(payload["bits"]) == {"hidden.0.weight"}
+    assert "head.bias" not in payload["values"] and set(payload["masks"]) == {"hidden.0.weight"}
     assert nbytes(payload) == 4 * shared + 1  # float32 values + one byte of bits for 4 entries
     state = aggregate(state, [Update(7, 3, payload)], cfg, env)
     msg = broadcast(state, 7, cfg, env)
-    assert nbytes(msg) == nbytes(payload)
+    assert nbytes(msg) == 4 * shared  # the client knows its mask: only values come down
     assert "full" in broadcast(state, 8, cfg, env)  # never seen: the whole global model
     client = {"weights": {k: v + 1000 for k, v in w.items()}, "travel": travel}
     rebuilt = receive(msg, client)
     want = personalized_state(state, client, cfg)
     assert all(torch.equal(rebuilt[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("holes", [0, 1, 5, 300])
+def test_mask_codes_round_trip_and_pick_the_cheaper(holes):
+    m = torch.ones(40, 25, dtype=torch.bool)
+    m.view(-1)[torch.randperm(1000, generator=torch.Generator().manual_seed(holes))[:holes]] = False
+    code = encode_mask(m)
+    assert torch.equal(decode_mask(code, m.shape), m)
+    assert nbytes(code) == min(4 * holes, 125)  # int32 positions of the holes, or 1000 / 8 bytes of bits
+
+
+def test_rounds_schedule_grows_the_personal_mask_by_p_of_the_rest_up_to_the_target(fed):
+    """The authors' schedule: 1 - (1 - p)^r personal after r rounds, nested, capped at the target."""
+    env = digits_env()
+    cfg = _cfg(schedule="rounds", personalization_rate=0.5, target=0.8, scope="weights")
+    model = _model(env)
+    names = eligible_names(model, "weights")
+    total = sum(p.numel() for n, p in model.named_parameters() if n in names)
+    state, client_state, previous = FEDSELECT.init(model, fed, cfg, env), None, None
+    for r, want in enumerate((0.5, 0.75, 0.8)):
+        env.round = r
+        upd, client_state = FEDSELECT.client_update(FEDSELECT.broadcast(state, 0, cfg, env), fed.clients[0],
+                                                    client_state, cfg, env)
+        state = FEDSELECT.aggregate(state, [upd], cfg, env)
+        personal = {n: ~t for n, t in client_state["travel"].items()}
+        assert sum(int(personal[n].sum()) for n in names) / total == pytest.approx(want, abs=1e-3)
+        assert not any(personal[n].any() for n in personal if n not in names)  # biases, BN stay shared
+        if previous is not None:
+            assert all(not (previous[n] & ~personal[n]).any() for n in names)  # never shrinks
+        previous = personal
 
 
 def test_end_to_end_deterministic_and_communication_shrinks(fed):
@@ -201,7 +231,8 @@ def test_end_to_end_deterministic_and_communication_shrinks(fed):
 
 @pytest.mark.parametrize("key, value", [("personalization_rate", 0.0), ("personalization_rate", 1.5),
                                         ("ltn_iterations", 0), ("start", "theta_1"), ("scope", "biases"),
-                                        ("ranking", "random"), ("bn_stats", "mixed")])
+                                        ("ranking", "random"), ("bn_stats", "mixed"),
+                                        ("schedule", "epochs"), ("target", 0.0)])
 def test_bad_settings_name_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
         FEDSELECT.make_config({key: value})
@@ -213,3 +244,18 @@ def test_registry_and_v2_default():
     model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), bn=True)
     assert eligible_names(model, "weights") == ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight",
                                                 "head.weight"]
+
+
+def test_resumed_run_matches_an_uninterrupted_one(fed, tmp_path):
+    """Masks, personal values and per-client server masks all live in checkpointable state."""
+    def run(rounds, **kw):
+        env = digits_env()
+        return run_rounds(FEDSELECT_V2, _cfg(FEDSELECT_V2, ltn_iterations=1, rounds=rounds), fed, _model(env), env,
+                          **kw)
+
+    ck = tmp_path / "fs.ckpt"
+    run(1, checkpoint=ck, test=False)
+    resumed, straight = run(2, checkpoint=ck, resume=True), run(2)
+    for k, v in straight.state["weights"].items():
+        assert torch.equal(resumed.state["weights"][k], v)
+    assert [c["correct"] for c in resumed.per_client.values()] == [c["correct"] for c in straight.per_client.values()]

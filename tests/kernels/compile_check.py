@@ -88,7 +88,8 @@ def _dry_run_ops(dtypes) -> None:
                 b = beta.clone().requires_grad_() if isinstance(beta, torch.Tensor) else beta
                 y = mixed_bn_triton.mixed_batch_norm(x, torch.zeros(C), torch.ones(C), torch.zeros(C),
                                                      torch.ones(C), b, w, torch.zeros(C), training, 0.1, 1e-5, mode)
-                y.backward(torch.empty_like(y))
+                y.backward(torch.empty_like(y), retain_graph=True)
+            y.sum().backward()  # a stride-0 gradient: the general-stride layout
         vs = [torch.empty(s, dtype=dtype) for s in ((64, 3, 7, 7), (64,), (1000, 512))]
         neumann_triton.neumann_update(vs, vs, vs, 0.1)
         params = [t.clone().requires_grad_() for t in vs]

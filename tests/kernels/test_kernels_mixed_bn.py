@@ -281,3 +281,17 @@ def test_triton_split_statistics_merge_across_finalize_blocks(monkeypatch, tol):
     want = _run(reference.mixed_batch_norm, x, stats, 0.7, w, b, dy, True, "mixed")
     for key in ("y", "dx", "client_mean", "client_var"):
         assert_close(got[key], want[key], tol, key)
+
+
+@requires_triton
+def test_triton_backward_of_a_sum_reads_an_expanded_gradient(tol):
+    """``y.sum().backward()`` hands the op a stride-0 gradient; it is read in place."""
+    x, w, b, _ = _inputs((2, 3, 4, 5))
+    grads = []
+    for fn in (reference.mixed_batch_norm, mixed_bn_triton.mixed_batch_norm):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        beta = torch.full((3,), 0.3, device=DEVICE, requires_grad=True)
+        fn(xs, *_stats(3), beta, ws, b, True).sum().backward()
+        grads.append((xs.grad, ws.grad, beta.grad))
+    for got, want, name in zip(grads[1], grads[0], ("dx", "dgamma", "dbeta")):
+        assert_close(got, want, tol, name)

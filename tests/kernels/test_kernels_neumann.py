@@ -77,7 +77,8 @@ def test_triton_mixed_dtypes_strided_and_misaligned_inputs(tol):
     """Per-dtype launches; a transposed view and a tensor starting off a 16-byte boundary."""
     g = torch.Generator().manual_seed(2)
     base = torch.randn(1 + 3 * 5, generator=g).to(DEVICE)
-    v = [base[1:].reshape(3, 5), torch.randn(4, 6, generator=g).to(DEVICE).T, torch.randn(7, generator=g).to(DEVICE).half()]
+    v = [base[1:].reshape(3, 5), torch.randn(4, 6, generator=g).to(DEVICE).T,
+         torch.randn(7, generator=g).to(DEVICE).half()]
     hv = [torch.randn(t.shape, generator=g).to(DEVICE, t.dtype) for t in v]
     p = [torch.randn(t.shape, generator=g).to(DEVICE, t.dtype) for t in v]
     got_v, got_p = neumann_triton.neumann_update(v, hv, p, 0.25)

@@ -117,3 +117,15 @@ def test_triton_launches_per_call(monkeypatch):
     assert launches == ["_axpy_kernel"]
     torch.autograd.grad(sum(o.sum() for o in out), [eta])
     assert sorted(launches[1:]) == ["_dot_partial_kernel", "_segment_sum_kernel"]
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_outputs_are_separate_tensors_that_allow_in_place_updates(impl):
+    params, eta = _problem([(3,), (4,)])
+    grads = [torch.ones_like(p) for p in params]
+    out = IMPLS[impl](params, grads, eta)
+    before = out[0].detach().clone()
+    out[1].mul_(2.0)  # with autograd recording: fine for independent outputs
+    torch.testing.assert_close(out[0].detach(), before)
+    sum(o.sum() for o in out).backward()
+    torch.testing.assert_close(eta.grad, torch.tensor([-3.0, -8.0], device=DEVICE))

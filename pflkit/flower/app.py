@@ -1,0 +1,13 @@
+"""The Flower App entry points named in ``pyproject.toml`` (``[tool.flwr.app.components]``).
+
+``flwr run .`` (local simulation or a remote SuperLink) loads ``server_app`` and
+``client_app`` from here. The ServerApp reads the experiment from the run config
+(``[tool.flwr.app.config]``, overridable with ``flwr run . --run-config "experiment='demo'
+preset='smoke'"``); each SuperNode serves the partition in its node config
+(``flower-supernode --node-config "partition-id=3 num-partitions=20 data-root='/data'"``).
+"""
+from pflkit.flower.client_app import build_client_app
+from pflkit.flower.server_app import build_server_app
+
+server_app = build_server_app()
+client_app = build_client_app()

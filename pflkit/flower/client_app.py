@@ -1,0 +1,208 @@
+"""The client side: a Flower `ClientApp` that runs any pflkit algorithm's client phases.
+
+Three message handlers (Flower's Message API):
+
+* ``query``: reports the node's ``partition-id`` (``context.node_config``) so the
+  server can map pflkit client ids to Flower node ids;
+* ``train``: decodes the server's message, runs ``algo.client_update`` on partition
+  ``partition-id`` of the pflkit federation and replies with the update's payload;
+* ``evaluate``: runs the algorithm's evaluation (`pflkit.flower.specs`) on the
+  ``val`` or ``test`` split.
+
+Per-client state that must survive rounds (personal heads, masks, posteriors, the
+client's lambda in L2P) is kept in ``context.state`` under the stage's namespace,
+one version per round it changed: keep-best evaluates a client with its state as of
+the best round, as `pflkit.fl.loop.run_rounds` does with its deep copies. Message
+parts that the server marks as unchanged since this node last received them (FedL2P's
+pretrained theta_g) are read from ``context.state`` instead of travelling again.
+
+Seeds are the loop's: ``env.seed_torch("client", cid, round)`` before an update,
+``env.seed_torch("eval", cid, split)`` before an evaluation, and the algorithms draw
+from ``env.generator(..., cid, round)``, so a client computes the same numbers here
+as in a single-process run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from pflkit.fl.train import Diverged
+from pflkit.flower import records
+from pflkit.flower.runtime import find_stage, runtime, set_threads
+from pflkit.flower.specs import eval_spec
+
+log = logging.getLogger(__name__)
+
+HEADER, MSG, PAYLOAD, METRICS = "pflkit", "msg", "payload", "metrics"
+_THREADS_SET = []  # once per process (a Ray actor serves many virtual clients)
+
+
+class CacheMiss(RuntimeError):
+    """The server referred to a message part this node does not hold (it is resent next time)."""
+
+
+def partition_id(context: Context) -> int:
+    if "partition-id" not in context.node_config:
+        raise ValueError("this SuperNode has no `partition-id` in its node config; start it with "
+                         "--node-config \"partition-id=I num-partitions=N\"")
+    return int(context.node_config["partition-id"])
+
+
+def _header(msg: Message) -> dict:
+    return dict(msg.content[HEADER])
+
+
+def _prepare(msg: Message, context: Context, faults: dict | None = None):
+    """Common start of train / evaluate: threads, partition check, injected faults, the runtime."""
+    if not _THREADS_SET:
+        set_threads(context.node_config.get("num-cpus"))
+        _THREADS_SET.append(True)
+    h = _header(msg)
+    pid = partition_id(context)
+    if int(h["cid"]) != pid:
+        raise ValueError(f"message for pflkit client {h['cid']} reached the node holding partition {pid}")
+    _inject(faults, h, pid)
+    root = str(context.node_config.get("data-root", h.get("data-root", "")))
+    rt = runtime(h["experiment-json"], h["preset"], root, int(h["seed"]))
+    from pflkit.algorithms import get_algorithm  # here, not at import: a node answers queries at once
+
+    stage = find_stage(rt.cfg, h["stage"])
+    return h, pid, rt, get_algorithm(stage.algorithm), stage.config
+
+
+def _inject(faults: dict | None, h: dict, pid: int) -> None:
+    """Test / teaching hook for training messages.
+
+    ``faults["STAGE/CID/ROUND"] = "raise" | "sleep:SECONDS"`` (ROUND 1-based, ``*``: every round).
+    """
+    if not faults:
+        return
+    for key in (f"{h['stage']}/{pid}/{int(h['round']) + 1}", f"{h['stage']}/{pid}/*"):
+        action = faults.get(key)
+        if action == "raise":
+            raise RuntimeError(f"injected failure of client {pid} ({key})")
+        if action and action.startswith("sleep:"):
+            time.sleep(float(action.split(":", 1)[1]))
+
+
+# ------------------------------------------------------------------ per-client state in Context.state
+
+
+def _ns(h: dict) -> str:
+    return f"{h['stage']}@{h['seed']}"
+
+
+def _versions(state: RecordDict, ns: str) -> list[int]:
+    key = f"{ns}/cs-rounds"
+    return list(state[key]["rounds"]) if key in state else []
+
+
+def load_client_state(state: RecordDict, ns: str, at: int | None = None):
+    """The client state as of round ``at`` (latest version <= at; None: the latest one)."""
+    rounds = [r for r in _versions(state, ns) if at is None or r <= at]
+    return records.get(state, f"{ns}/cs@{max(rounds)}") if rounds else None
+
+
+def save_client_state(state: RecordDict, ns: str, round_: int, obj, best: int) -> None:
+    """Store version ``round_``; keep the versions keep-best may still need (best < 0: only the latest)."""
+    records.put(state, f"{ns}/cs@{round_}", obj)
+    rounds = sorted(set(_versions(state, ns)) | {round_})
+    below = [r for r in rounds if r <= best]
+    keep = {round_} if best < 0 else {r for r in rounds if r > best} | set(below[-1:])
+    for r in rounds:
+        if r not in keep:
+            records.drop(state, f"{ns}/cs@{r}")
+    state[f"{ns}/cs-rounds"] = ConfigRecord({"rounds": sorted(keep)})
+
+
+def receive(content: RecordDict, state: RecordDict, ns: str, h: dict):
+    """The server's message, with the parts it sent before read back from ``state``."""
+    obj = records.get(content, MSG)
+    tokens_key = f"{ns}/cache-tokens"
+    tokens = json.loads(state[tokens_key]["tokens"]) if tokens_key in state else {}
+    for key, token in json.loads(h.get("store", "{}")).items():
+        records.put(state, f"{ns}/cache/{key}", obj[key])
+        tokens[key] = token
+    for key, token in json.loads(h.get("hold", "{}")).items():
+        if tokens.get(key) != token:
+            raise CacheMiss(f"message part {key!r} (version {token}) is not cached on this node")
+        obj[key] = records.get(state, f"{ns}/cache/{key}")
+    state[tokens_key] = ConfigRecord({"tokens": json.dumps(tokens)})
+    return obj
+
+
+def _metric(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else float(v)
+
+
+def _reply(msg: Message, header: dict, metrics: dict, payload=None, with_payload=False) -> Message:
+    content = RecordDict({HEADER: ConfigRecord(header),
+                          METRICS: MetricRecord({k: _metric(v) for k, v in metrics.items()})})
+    if with_payload:
+        records.put(content, PAYLOAD, payload)
+    return Message(content, reply_to=msg)
+
+
+# ------------------------------------------------------------------ handlers
+
+
+def handle_query(msg: Message, context: Context) -> Message:
+    info = {"partition-id": partition_id(context)}
+    return Message(RecordDict({HEADER: ConfigRecord(info)}), reply_to=msg)
+
+
+def handle_train(msg: Message, context: Context, faults: dict | None = None) -> Message:
+    """``algo.client_update`` on this node's partition; the client state stays in ``context.state``."""
+    h, pid, rt, algo, cfg = _prepare(msg, context, faults)
+    ns, t = _ns(h), int(h["round"])
+    message = receive(msg.content, context.state, ns, h)
+    rt.env.round = t
+    rt.env.seed_torch("client", pid, t)
+    try:
+        update, client_state = algo.client_update(message, rt.fed.clients[pid], load_client_state(context.state, ns),
+                                                  cfg, rt.env)
+    except Diverged as e:  # the run's outcome, not a node failure: the server stops the stage
+        return _reply(msg, {"diverged": str(e)}, {})
+    save_client_state(context.state, ns, t + 1, client_state, int(h["best"]))
+    header = {"client-id": int(update.client_id), "num-samples": int(update.num_samples)}
+    return _reply(msg, header, update.metrics, update.payload, with_payload=True)
+
+
+def handle_evaluate(msg: Message, context: Context, faults: dict | None = None) -> Message:
+    """The algorithm's evaluation of this client on ``split`` (``state-round``: keep-best's round)."""
+    h, pid, rt, algo, cfg = _prepare(msg, context)
+    ns = _ns(h)
+    view = receive(msg.content, context.state, ns, h)
+    at = int(h["state-round"])
+    client_state = load_client_state(context.state, ns, None if at < 0 else at)
+    rt.env.round = int(h["round"])
+    rt.env.seed_torch("eval", pid, h["split"])
+    try:
+        metrics = eval_spec(algo).evaluate(view, rt.fed.clients[pid], client_state, cfg, rt.env, h["split"])
+    except Diverged as e:
+        return _reply(msg, {"diverged": str(e)}, {})
+    return _reply(msg, {"client-id": pid}, metrics)
+
+
+def build_client_app(faults: dict[str, str] | None = None) -> ClientApp:
+    """A ClientApp running pflkit algorithms; ``faults`` injects failures (tests, teaching)."""
+    app = ClientApp()
+    faults = dict(faults or {})
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return handle_query(msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return handle_train(msg, context, faults)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return handle_evaluate(msg, context, faults)
+
+    return app

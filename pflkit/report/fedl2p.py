@@ -1,0 +1,181 @@
+"""FedL2P's figures and tables from saved runs (Fig. 2 / 4, Table 6, Fig. 3 / 5, Tables 1-5).
+
+Pure functions of the files `pflkit.runner` writes: ``results.json``, and per seed
+``seed{S}/federation.npz`` (each client's metadata: domain, corruption, speaker, pool) and
+``seed{S}/<method slug>.report.json`` (`pflkit.algorithms.fedl2p.hyperparameter_report`:
+per client beta per BN layer, eta per parameter tensor, sparsity, xi, features).
+
+* `hyperparameter_frame` / `plot_hyperparameters`: the locality, spread and skewness of the
+  learned beta (per BN layer) and eta (per tensor) across clients, and each client's
+  sparsity (Fig. 2 / 4);
+* `ari_table`: Table 6 for one run (ARI of xi, beta, features, eta clusterings vs domains),
+  beside the paper's numbers; `plot_distance_map`: Fig. 3 / 5;
+* `versus_finetuning`: FedL2P against the best of the FT (BN C / G / I) baselines.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pflkit.analysis.clustering import META_NET_KEYS, domain_distance_map, meta_net_ari, report_matrix
+from pflkit.io import read_json
+
+__all__ = ["PUBLISHED_ARI", "FT_LABELS", "report_path", "load_report", "client_info", "client_groups",
+           "hyperparameter_frame", "beta_summary", "plot_hyperparameters", "plot_sparsity", "ari_table",
+           "plot_distance_map", "versus_finetuning"]
+
+# Table 6: (BNNet input xi, BNNet output beta, LRNet input x, LRNet output eta)
+PUBLISHED_ARI = {
+    ("Caltech-10", 1000): (1.0, 1.0, 1.0, 1.0),
+    ("DomainNet", 1000): (0.65, 0.64, 0.76, 0.77),
+    ("DomainNet", 1.0): (0.70, 0.59, 0.77, 0.74),
+    ("DomainNet", 0.5): (0.52, 0.53, 0.72, 0.63),
+    ("DomainNet", 0.1): (0.27, 0.52, 0.65, 0.59),
+}
+FT_LABELS = ("FT (BN C)", "FT (BN G)", "FT (BN I)")
+
+
+def report_path(run_dir, label: str = "FedL2P", seed: int = 0) -> Path:
+    """``run_dir/seed{seed}/<slug(label)>.report.json`` (the runner's naming)."""
+    from pflkit.runner import slug
+
+    return Path(run_dir) / f"seed{seed}" / f"{slug(label)}.report.json"
+
+
+def load_report(run_dir, label: str = "FedL2P", seed: int = 0) -> list[dict]:
+    """The hyperparameter report of one method and seed of a run (one dict per client)."""
+    path = report_path(run_dir, label, seed)
+    if not path.exists():
+        raise FileNotFoundError(f"no hyperparameter report at {path}: was {label!r} run (and did it finish)?")
+    return read_json(path)
+
+
+def client_info(run_dir, seed: int = 0) -> list[dict]:
+    """Each client's metadata as the run saved it (``federation.npz``): domain, pool, num_train, ..."""
+    path = Path(run_dir) / f"seed{seed}" / "federation.npz"
+    with np.load(path, allow_pickle=False) as z:
+        return json.loads(str(z["__info__"]))
+
+
+def client_groups(run_dir, key: str, seed: int = 0) -> np.ndarray:
+    """The value of metadata ``key`` (``"domain"``, ``"corruption"``, ``"speaker"``) of every client."""
+    info = client_info(run_dir, seed)
+    if not all(key in c for c in info):
+        raise KeyError(f"the clients of {run_dir} carry no {key!r}; they have {sorted(info[0])}")
+    return np.array([c[key] for c in info])
+
+
+def hyperparameter_frame(rows: list[dict], kind: str) -> pd.DataFrame:
+    """Long table of one hyperparameter: columns ``client``, ``name`` (layer / tensor), ``value``.
+
+    ``kind`` is ``"beta"`` (one row per client and BN layer) or ``"eta"`` (per client and tensor).
+    """
+    if kind not in ("beta", "eta"):
+        raise ValueError(f"kind must be 'beta' or 'eta', got {kind!r}")
+    return pd.DataFrame([{"client": r["client"], "name": name, "value": float(v)}
+                         for r in rows for name, v in r[kind].items()], columns=["client", "name", "value"])
+
+
+def beta_summary(rows: list[dict]) -> dict:
+    """Mean / min / max of beta over clients and BN layers, the per-layer means and the mean sparsity."""
+    b = report_matrix(rows, "beta")
+    names = list(rows[0]["beta"])
+    return {"mean": float(b.mean()), "min": float(b.min()), "max": float(b.max()),
+            "per_layer": dict(zip(names, b.mean(axis=0).round(4).tolist())),
+            "sparsity": float(report_matrix(rows, "sparsity").mean())}
+
+
+def _boxes(ax, frame: pd.DataFrame, ylabel: str):
+    names = list(dict.fromkeys(frame["name"]))
+    data = [frame.loc[frame["name"] == n, "value"].to_numpy() for n in names]
+    ax.boxplot(data, tick_labels=[n.replace(".weight", ".w").replace(".bias", ".b") for n in names], showmeans=True)
+    ax.set_ylabel(ylabel)
+    ax.tick_params(axis="x", rotation=90, labelsize=6)
+
+
+def plot_hyperparameters(rows: list[dict], title: str = "", axes=None):
+    """Fig. 2 for one scenario: beta per BN layer, eta per tensor (boxes over clients), sparsity per client."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [2, 4, 1]})
+    beta = hyperparameter_frame(rows, "beta")
+    if len(beta):
+        _boxes(axes[0], beta, "beta (BN mixing)")
+        axes[0].set_ylim(-0.05, 1.05)
+    else:
+        axes[0].text(0.5, 0.5, "no BN layers", ha="center", transform=axes[0].transAxes)
+    _boxes(axes[1], hyperparameter_frame(rows, "eta"), "eta (learning rate)")
+    axes[1].axhline(0, color="k", lw=0.5)
+    axes[2].boxplot([report_matrix(rows, "sparsity")[:, 0]], tick_labels=["clients"], showmeans=True)
+    axes[2].set_ylabel("sparsity")
+    axes[2].set_ylim(-0.05, 1.05)
+    axes[0].figure.suptitle(title)
+    return axes[0].figure
+
+
+def plot_sparsity(scenarios: dict[str, list[dict]], ax=None):
+    """Per-client sparsity of several scenarios side by side (the bottom panel of Fig. 2)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 + 1.2 * len(scenarios), 3.2))
+    ax.boxplot([report_matrix(r, "sparsity")[:, 0] for r in scenarios.values()], tick_labels=list(scenarios),
+               showmeans=True)
+    ax.set_ylabel("sparsity (share of parameters with eta = 0)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.tick_params(axis="x", rotation=20)
+    return ax
+
+
+def ari_table(rows: list[dict], domains, published: tuple | None = None, seed: int = 0) -> pd.DataFrame:
+    """Table 6 for one run: one row per meta-net input / output with our ARI and the paper's."""
+    ours = meta_net_ari(rows, domains, seed=seed)
+    out = []
+    for k, key in enumerate(META_NET_KEYS):
+        net, role = META_NET_KEYS[key]
+        out.append({"meta-net": net, "role": role, "quantity": key, "ARI": round(ours[key], 3),
+                    "paper": None if published is None else published[k]})
+    return pd.DataFrame(out)
+
+
+def plot_distance_map(rows: list[dict], domains, key: str, names=None, ax=None, title: str | None = None):
+    """Fig. 3 / 5: the normalized log distance map of one report field between domains."""
+    import matplotlib.pyplot as plt
+
+    ids, m = domain_distance_map(report_matrix(rows, key), domains)
+    labels = [str(i) if names is None else str(names[int(i)]) for i in ids]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.2 + 0.9 * len(ids), 1 + 0.8 * len(ids)))
+    lim = float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
+    im = ax.imshow(m, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    for (j, k), v in np.ndenumerate(m):
+        ax.text(k, j, "nan" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(ids)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(ids)), labels)
+    ax.set_title(title or f"log normalized distance of {key}")
+    ax.figure.colorbar(im, ax=ax, fraction=0.046)
+    return ax
+
+
+def versus_finetuning(results: dict, label: str = "FedL2P", ft_labels=FT_LABELS, pool: str = "seen") -> dict:
+    """FedL2P against the best FT baseline of a ``results.json`` (``pool="unseen"``: the unseen clients).
+
+    Returns ``{"fedl2p", "best_ft", "best_ft_label", "gain"}`` (percentages; None where missing).
+    """
+    methods = results["methods"]
+
+    def acc(name):
+        m = methods.get(name)
+        if m is None or m.get("status") != "ok":
+            return None
+        return m["acc_mean"] if pool == "seen" else (m.get("unseen") or {}).get("acc_mean")
+
+    fts = {name: acc(name) for name in ft_labels if acc(name) is not None}
+    best = max(fts, key=fts.get) if fts else None
+    ours = acc(label)
+    return {"fedl2p": ours, "best_ft_label": best, "best_ft": fts.get(best),
+            "gain": None if ours is None or best is None else ours - fts[best]}

@@ -1,0 +1,38 @@
+"""The tiny experiment the Flower adapter tests share (digits, 4 clients, about a second per stage)."""
+from __future__ import annotations
+
+import copy
+
+# FedAvg pretraining, then the four papers' methods and a fine-tuning baseline; sizes are tiny
+# but every phase runs: keep-best validation, caching (FedL2P samples 3 of 4 clients twice),
+# pFedHN's generated weights, FedSelect's masks, pFedVEM's client posteriors.
+RAW = {
+    "experiment": {"name": "flower_check", "paper": "test"},
+    "data": {"dataset": "digits", "scheme": "dirichlet", "num_clients": 4, "partition": {"alpha": 0.5}},
+    "model": {"name": "digits_cnn"},
+    "pretrain": {"label": "FedAvg", "algorithm": "fedavg", "rounds": 2, "fraction": 0.5, "lr": 0.05,
+                 "batch_size": 16, "eval_every": 1},
+    "methods": {
+        "FedL2P": {"algorithm": "fedl2p", "rounds": 2, "fraction": 0.75, "epochs": 1, "meta_iters": 1,
+                   "lr": 0.05, "batch_size": 16},
+        "pFedHN": {"algorithm": "pfedhn", "rounds": 1, "fraction": 0.25, "local_steps": 2, "batch_size": 16,
+                   "eval_every": 1},
+        "FedSelect": {"algorithm": "fedselect", "rounds": 2, "fraction": 0.5, "local_epochs": 1,
+                      "ltn_iterations": 1, "ltn_epochs": 1, "batch_size": 16},
+        "pFedVEM": {"algorithm": "pfedvem", "rounds": 2, "fraction": 0.5, "local_epochs": 1, "head_steps": 2,
+                    "batch_size": 16, "report_fraction": 0.0},
+        "FT": {"algorithm": "finetune", "bn": "none", "epochs": 1},
+    },
+}
+
+
+def experiment(methods=None, extra=None, **changes):
+    """RAW keeping only the ``methods`` labels, plus ``extra`` methods and top-level ``changes``; preset smoke."""
+    from pflkit.experiments import resolve
+
+    raw = copy.deepcopy(RAW)
+    if methods is not None:
+        raw["methods"] = {k: v for k, v in raw["methods"].items() if k in methods}
+    raw["methods"].update(copy.deepcopy(extra or {}))
+    raw.update(changes)
+    return resolve(raw, "smoke")

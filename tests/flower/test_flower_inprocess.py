@@ -1,0 +1,126 @@
+"""pflkit on Flower's message path (in-process grid, no Ray): same numbers as the loop, faults, bytes, nodes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pflkit.algorithms import ALGORITHMS
+from pflkit.algorithms.base import Env
+from pflkit.data.datasets import load_dataset
+from pflkit.fl.loop import sample_clients
+from pflkit.flower.client_app import build_client_app
+from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
+from pflkit.flower.server_app import NodeMap
+from pflkit.flower.simulation import LocalGrid, run_flower
+from pflkit.io import load_torch
+from pflkit.models.introspect import count_params
+from pflkit.runner import initial_model, make_env, run_experiment
+from tests.flower.helpers_flower import experiment
+
+REL = 1e-6  # the same operations in the same order; only the process differs
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    cfg = experiment()
+    loop = run_experiment(cfg, tmp_path_factory.mktemp("loop"), progress=False)
+    flower = run_flower(cfg, tmp_path_factory.mktemp("flower"), backend="inprocess", node_seed=11)
+    return cfg, loop, flower
+
+
+def assert_same_run(loop: dict, flower: dict, label: str) -> None:
+    """History (losses, validation, schedule) and every client's test metrics, to float tolerance."""
+    a, b = loop["rounds"][label]["seed0"], flower["rounds"][label]["seed0"]
+    assert len(a) == len(b) > 0 or label == "FT"
+    for ra, rb in zip(a, b):
+        assert rb["clients"] == ra["clients"] and rb["failed"] == []
+        for key in ("train_loss", "val_acc", "val_loss"):
+            assert (ra.get(key) is None) == (rb.get(key) is None), key
+            if ra.get(key) is not None:
+                assert rb[key] == pytest.approx(ra[key], rel=REL), (label, ra["round"], key)
+    ma, mb = loop["methods"][label], flower["methods"][label]
+    assert mb["status"] == ma["status"] == "ok"
+    assert mb["best_round"] == ma["best_round"]
+    assert mb["per_client"] == [pytest.approx(x, rel=REL) for x in ma["per_client"]]
+
+
+@pytest.mark.parametrize("label", ["FedAvg", "FedL2P", "pFedHN", "FedSelect", "pFedVEM", "FT"])
+def test_every_algorithm_gives_the_loops_numbers(both, label):
+    _, loop, flower = both
+    assert_same_run(loop, flower, label)
+
+
+def test_bytes_are_what_travels(both):
+    cfg, loop, flower = both
+    rounds = {k: (loop["rounds"][k]["seed0"], flower["rounds"][k]["seed0"]) for k in loop["rounds"]}
+    for label in ("FedAvg", "pFedHN", "FedSelect", "pFedVEM"):  # no cached parts: the loop's count
+        for ra, rb in zip(*rounds[label]):
+            assert (rb["bytes_down"], rb["bytes_up"]) == (ra["bytes_down"], ra["bytes_up"]), label
+    fed = build_seed_federation(cfg, load_dataset("digits"), 0)
+    target = count_params(make_env(cfg, fed, 0).model_fn()) * 4
+    rb = rounds["pFedHN"][1][0]
+    assert rb["bytes_down"] == rb["clients"] * target  # pFedHN: the target network, not the hypernetwork
+    full = rounds["FedAvg"][0][0]["bytes_down"] // rounds["FedAvg"][0][0]["clients"]
+    assert all(r["bytes_up"] < r["clients"] * full for r in rounds["FedSelect"][1])  # shared part only
+    # FedL2P: theta_g is cached on a node after its first message; then only lambda travels
+    (l1, l2), (f1, f2) = rounds["FedL2P"]
+    k = l1["clients"]
+    lam = l1["bytes_up"] // k
+    weights = l1["bytes_down"] // k - lam
+    env = Env(model_fn=lambda: None, seed=cfg.seed)
+    stage = next(m for m in cfg.methods if m.label == "FedL2P").config
+    first, second = (sample_clients(fed.seen_ids, stage, env, t) for t in (0, 1))
+    assert f1["bytes_down"] == l1["bytes_down"]
+    assert f2["bytes_down"] == k * lam + weights * len(set(second) - set(first)) < l2["bytes_down"]
+
+
+def test_failing_and_slow_clients_are_left_out_and_the_rounds_complete(tmp_path):
+    """Round 1: client 1 raises, client 2 answers too late; the state is FedAvg over clients 0 and 3."""
+    pre = {"label": "FedAvg", "algorithm": "fedavg", "rounds": 2, "fraction": 1.0, "lr": 0.05, "batch_size": 16,
+           "eval_every": 0, "keep_best": False}
+    cfg = experiment(methods=[], pretrain=pre)
+    s = settings_for(cfg)
+    runtime(s["experiment-json"], s["preset"], "", 0)  # warm the clients' cache: only the sleeper is slow
+    out = run_flower(cfg, tmp_path, backend="inprocess", timeout=1.5,
+                     faults={"FedAvg/1/1": "raise", "FedAvg/2/1": "sleep:3"})
+    h = out["rounds"]["FedAvg"]["seed0"]
+    assert h[0]["failed"] == [1, 2] and h[0]["completed"] == 2 and h[0]["clients"] == 4
+    assert "injected failure" in h[0]["failures"]["1"] and "no reply" in h[0]["failures"]["2"]
+    assert h[1]["failed"] == [] and h[1]["completed"] == 4
+    # the same two rounds by hand with pflkit's phases
+    algo, stage = ALGORITHMS["fedavg"], cfg.pretrain.config
+    fed = build_seed_federation(cfg, load_dataset("digits"), 0)
+    env = make_env(cfg, fed, 0)
+    state = algo.init(initial_model(env), fed, stage, env)
+    for t, ids in enumerate([[0, 3], [0, 1, 2, 3]]):
+        env.round, updates = t, []
+        for cid in ids:
+            env.seed_torch("client", cid, t)
+            updates.append(algo.client_update(algo.broadcast(state, cid, stage, env), fed.clients[cid], None,
+                                              stage, env)[0])
+        state = algo.aggregate(state, updates, stage, env)
+    got = load_torch(tmp_path / "seed0" / "fedavg.weights.pt")
+    for k, v in state["weights"].items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-6)
+
+
+def test_nodes_are_matched_to_partitions_whatever_their_ids():
+    grid = LocalGrid(build_client_app(), 5, seed=4)
+    nodes = NodeMap(5)
+    nodes.refresh(grid)
+    assert sorted(nodes.node_of) == list(range(5))
+    for pid, node in nodes.node_of.items():
+        assert grid.contexts[node].node_config["partition-id"] == pid
+    grid2 = LocalGrid(build_client_app(), 3, seed=0)
+    twin = next(iter(grid2.contexts.values()))
+    other = list(grid2.contexts.values())[1]
+    other.node_config["partition-id"] = twin.node_config["partition-id"]
+    with pytest.raises(ValueError, match="claimed by nodes"):
+        NodeMap(3).refresh(grid2)
+
+
+def test_cli_refuses_resume_with_flower(capsys):
+    from pflkit.cli import main
+
+    assert main(["run", "demo", "--preset", "smoke", "--engine", "flower", "--resume"]) == 2
+    assert "--resume is not available" in capsys.readouterr().err

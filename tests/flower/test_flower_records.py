@@ -1,0 +1,161 @@
+"""to_record / from_record on every algorithm's real messages, payloads and states; settings round trip."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from pflkit.algorithms import ALGORITHMS
+from pflkit.experiments import list_experiments, resolve
+from pflkit.fl.federation import build_federation
+from pflkit.fl.loop import nbytes
+from pflkit.flower.client_app import load_client_state, save_client_state
+from pflkit.flower.records import from_record, get, put, record_nbytes, to_record
+from pflkit.flower.runtime import experiment_to_raw
+from tests.helpers_data import digits_dataset, digits_env
+
+
+def same(a, b, path="$"):
+    """Exact structural equality: types, dict key order and types, tensor dtypes / shapes / values (NaN = NaN)."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.requires_grad == b.requires_grad, path
+        assert torch.equal(torch.nan_to_num(a.float(), 7.0), torch.nan_to_num(b.float(), 7.0)) if a.is_floating_point() \
+            else torch.equal(a, b), path
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), path
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def roundtrip(obj):
+    return from_record(to_record(obj))
+
+
+SETTINGS = {
+    "fedavg": {},
+    "fedl2p": {"epochs": 1, "meta_iters": 1, "lr": 0.05},
+    "pfedhn": {"local_steps": 2},
+    "pfedhn_pc": {"local_steps": 2},
+    "fedselect": {"ltn_iterations": 1, "ltn_epochs": 1, "local_epochs": 1},
+    "pfedvem": {"local_epochs": 1, "head_steps": 2, "report_fraction": 0.0},
+}
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return build_federation(digits_dataset(600), "dirichlet", 3, seed=0, alpha=0.5)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_every_message_payload_and_state_of_two_rounds_comes_back_identical(fed, name):
+    """Round 2 covers what only appears later: FedSelect's sparse message, pFedVEM's posteriors, PC's heads."""
+    algo = ALGORITHMS[name]
+    cfg = algo.make_config({"batch_size": 16, **SETTINGS[name]})
+    env = digits_env(seed=1)
+    env.seed_torch("init")
+    state = algo.init(env.model_fn(), fed, cfg, env)
+    same(state, roundtrip(state))
+    client_states = {}
+    for t in range(2):
+        env.round, updates = t, []
+        for cid in (0, 1):
+            msg = algo.broadcast(state, cid, cfg, env)
+            back = roundtrip(msg)
+            same(msg, back)
+            upd, client_states[cid] = algo.client_update(back, fed.clients[cid], client_states.get(cid), cfg, env)
+            same(upd.payload, roundtrip(upd.payload))
+            same(client_states[cid], roundtrip(client_states[cid]))
+            updates.append(upd)
+            if nbytes(msg) and not _aliased(msg):
+                assert record_nbytes(to_record(msg)) == nbytes(msg)
+        state = algo.aggregate(state, updates, cfg, env)
+        same(state, roundtrip(state))
+
+
+def _aliased(obj) -> bool:
+    from pflkit.flower.server_app import _tensors
+
+    ts = _tensors(obj)
+    return len({id(t) for t in ts}) < len(ts)
+
+
+def test_awkward_values_keep_type_dtype_and_aliasing():
+    w = torch.randn(3, 2)
+    obj = {"w": w, "again": [w], 7: (None, True, 3, 2.5, float("nan"), "s"), (1, "a"): {},
+           "bf16": torch.randn(4).to(torch.bfloat16), "bits": torch.tensor([True, False]),
+           "i64": torch.arange(3), "np": np.arange(4, dtype=np.int16), "npf": np.float32(1.5),
+           "size": torch.Size([2, 3]), "dtype": torch.float16, "grad": torch.ones(2, requires_grad=True),
+           "strided": torch.arange(12.0).reshape(3, 4).t(), "empty": torch.zeros(0, 5)}
+    back = roundtrip(obj)
+    same(obj, back)
+    assert back["w"] is back["again"][0]  # sent once, one tensor again
+    assert record_nbytes(to_record(obj)) == nbytes(obj) - w.numel() * 4  # the alias travels once
+
+
+def test_dataclasses_of_pflkit_travel_and_others_are_refused():
+    from pflkit.algorithms.base import Update
+
+    upd = Update(3, 10, {"delta": torch.ones(2)}, {"loss": 0.5})
+    same(upd, roundtrip(upd))
+
+    @dataclasses.dataclass
+    class Foreign:
+        x: int = 1
+
+    rec = to_record(Foreign())
+    with pytest.raises(TypeError, match="only pflkit dataclasses"):
+        from_record(rec)
+
+
+def test_unsendable_values_are_named_by_their_path():
+    with pytest.raises(TypeError, match=r"\$\['model'\]\[0\]"):
+        to_record({"model": [torch.nn.Linear(2, 2)]})
+
+
+def test_put_and_get_share_a_recorddict_with_other_records():
+    content = RecordDict({"header": ConfigRecord({"round": 3})})
+    put(content, "a", {"x": torch.ones(2)})
+    put(content, "b", [1, None])
+    same(get(content, "a"), {"x": torch.ones(2)})
+    assert get(content, "b") == [1, None] and get(content, "c", None) is None
+    assert content["header"]["round"] == 3
+
+
+def test_client_state_versions_serve_keep_best():
+    """The state as of the best round is the latest version <= it; older versions are dropped."""
+    state = RecordDict()
+    save_client_state(state, "ns", 1, {"v": torch.tensor(1.0)}, best=0)
+    save_client_state(state, "ns", 3, {"v": torch.tensor(3.0)}, best=2)  # round 1 is the best so far's state
+    save_client_state(state, "ns", 5, {"v": torch.tensor(5.0)}, best=2)
+    assert float(load_client_state(state, "ns")["v"]) == 5.0
+    assert float(load_client_state(state, "ns", at=2)["v"]) == 1.0
+    assert float(load_client_state(state, "ns", at=4)["v"]) == 3.0
+    assert load_client_state(state, "ns", at=0) is None
+    save_client_state(state, "ns", 7, {"v": torch.tensor(7.0)}, best=5)  # best moved: 1 and 3 are not needed
+    assert list(state["ns/cs-rounds"]["rounds"]) == [5, 7]
+    save_client_state(state, "ns", 8, None, best=-1)  # no keep-best: only the latest
+    assert list(state["ns/cs-rounds"]["rounds"]) == [8] and load_client_state(state, "ns") is None
+
+
+def test_every_experiment_survives_the_trip_through_run_settings():
+    for name, path in list_experiments().items():
+        cfg = resolve(path, "smoke")
+        assert resolve(experiment_to_raw(cfg), "smoke") == cfg, name
