@@ -13,9 +13,11 @@ process started by this script, one after another:
 The parent samples the resident memory of each child's whole process tree (Ray's
 processes included) every 0.2 s and prints, per engine, the wall time end to end (start
 of the child to its end: imports, data, Ray start-up included), the median seconds of a
-warm round (rounds 2..R), and the peak memory, each also as a ratio to ``plain``.
+warm round (rounds 2..R), and the peak memory, each also as a ratio to ``plain``. With
+``--repeat N`` the engines run N times, interleaved, and the medians are reported (the
+machine these numbers come from is shared: single runs vary by 1.5x).
 
-    nice -n 10 python benchmarks/engine.py --data-root ../shared/data
+    nice -n 10 python benchmarks/engine.py --data-root ../shared/data --repeat 2
     python benchmarks/engine.py --rounds 3 --engines plain,pflkit      # a quick look
 """
 from __future__ import annotations
@@ -291,6 +293,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch threads (and Ray CPUs) per client")
     ap.add_argument("--ray-cpus", type=int, default=os.cpu_count(), help="CPUs Ray may use")
     ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--repeat", type=int, default=1, help="runs per engine, interleaved; medians are reported")
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -302,12 +305,14 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"unknown engines {unknown}; choose from {ENGINES}")
     passed = [x for x in (argv if argv is not None else sys.argv[1:])]
-    rows = []
-    for e in engines:
-        print(f"running {e} ...", flush=True)
-        rows.append(measure(e, passed))
-        print(f"  {rows[-1]}", flush=True)
-    report(rows)
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    for rep in range(a.repeat):  # engines interleaved, so that a busy machine slows all of them alike
+        for e in engines:
+            print(f"running {e} ({rep + 1}/{a.repeat}) ...", flush=True)
+            runs[e].append(measure(e, passed))
+            print(f"  {runs[e][-1]}", flush=True)
+    report([{"engine": e, **{k: statistics.median(r[k] for r in rs) for k in ("wall", "round", "peak_gb", "acc")}}
+            for e, rs in runs.items()])
 
 
 if __name__ == "__main__":

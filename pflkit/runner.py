@@ -80,17 +80,23 @@ def _stage_record(result: StageResult) -> dict:
             "per_client": [per_client[k] for k in sorted(per_client)], "history": result.history}
 
 
-def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool) -> dict:
-    """Train and test one stage, or read it back if a previous run finished it."""
+def train_locally(algo, cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None) -> StageResult:
+    """The default engine: pflkit's own round loop."""
+    return run_rounds(algo, cfg, fed, model, env, checkpoint=checkpoint, resume=resume, desc=desc)
+
+
+def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool,
+               train=train_locally) -> dict:
+    """Train and test one stage with ``train`` (an engine), or read it back if a previous run finished it."""
     done = seed_dir / f"{slug(stage.label)}.json"
     if resume and done.exists():
         log.info("stage %s already finished: %s", stage.label, done)
         return read_json(done)
     algo = get_algorithm(stage.algorithm)
-    result = run_rounds(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
-                        resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None)
+    result = train(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
+                   resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None, label=stage.label)
     record = _stage_record(result)
-    if algo.report is not None and result.status == "ok":
+    if algo.report is not None and result.status == "ok" and result.client_states is not None:
         write_json(seed_dir / f"{slug(stage.label)}.report.json",
                    algo.report(result.state, fed, stage.config, env, result.client_states))
     if algo.exports_global and result.status == "ok":
@@ -100,21 +106,27 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     return record
 
 
-def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool):
+def build_seed_federation(cfg: ExperimentConfig, dataset, seed: int) -> Federation:
+    """The federation of one seed, exactly as every engine builds it."""
+    d = cfg.data
+    return build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
+                            test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
+                            augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
+
+
+def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool,
+             train=train_locally):
     """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids})."""
     seed_dir = out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
-    fed_path = seed_dir / "federation.npz"
-    d = cfg.data
-    fed = build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
-                           test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
-                           augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
-    fed.save(fed_path)
+    fed = build_seed_federation(cfg, dataset, seed)
+    fed.save(seed_dir / "federation.npz")
     env = make_env(cfg, fed, seed)
     records: dict[str, dict] = {}
     pretrained = None
     if cfg.pretrain is not None:
-        records[cfg.pretrain.label] = rec = _run_stage(cfg.pretrain, fed, env, initial_model(env), seed_dir, resume, progress)
+        records[cfg.pretrain.label] = rec = _run_stage(cfg.pretrain, fed, env, initial_model(env), seed_dir, resume,
+                                                       progress, train)
         weights = seed_dir / f"{slug(cfg.pretrain.label)}.weights.pt"
         if rec["status"] == "ok" and weights.exists():
             pretrained = load_torch(weights)
@@ -128,7 +140,7 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
             start = set_state(initial_model(env), pretrained)
         else:
             start = initial_model(env)
-        records[stage.label] = _run_stage(stage, fed, env, start, seed_dir, resume, progress)
+        records[stage.label] = _run_stage(stage, fed, env, start, seed_dir, resume, progress, train)
     return records, {"seen": fed.seen_ids, "unseen": fed.unseen_ids}
 
 
@@ -161,10 +173,12 @@ def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], publ
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, resume: bool = False,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, train=train_locally, engine: str = "pflkit") -> dict:
     """Run every seed of ``cfg`` into ``out`` and write ``out/results.json`` (atomically).
 
-    Returns the results dict (keys: config, status, methods, rounds, timing, version).
+    ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
+    server passes its own). Returns the results dict (keys: config, engine, status, methods,
+    rounds, timing, version).
     Accuracies in ``methods`` are percentages (mean over clients of each client's test
     accuracy; ``acc_std`` is the standard deviation over seeds).
     """
@@ -174,13 +188,14 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, re
     dataset = load_dataset(cfg.data.dataset, data_root, **cfg.data.options)
     t_data = time.perf_counter() - t0
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
-    runs = {s: run_seed(cfg, dataset, s, out, resume, progress) for s in seeds}
+    runs = {s: run_seed(cfg, dataset, s, out, resume, progress, train) for s in seeds}
     per_seed = {s: r[0] for s, r in runs.items()}
     stages = ([cfg.pretrain] if cfg.pretrain else []) + list(cfg.methods)
     methods = {st.label: _method_entry(st.label, st.algorithm, [per_seed[s][st.label] for s in seeds],
                                        cfg.published.get(st.label), [runs[s][1] for s in seeds]) for st in stages}
     results = {
         "config": cfg.to_dict(),
+        "engine": engine,
         "status": "ok" if all(m["status"] == "ok" for m in methods.values()) else "diverged",
         "methods": methods,
         "rounds": {st.label: {f"seed{s}": per_seed[s][st.label]["history"] for s in seeds} for st in stages},

@@ -16,7 +16,7 @@ def test_run_demo_smoke_writes_results(tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     assert set(res) >= {"config", "status", "methods", "rounds", "timing", "version"}
     assert res["status"] == "ok" and res["config"]["preset"] == "smoke"
-    assert set(res["methods"]) == {"Global", "FT (BN C)", "FT (BN G)", "FT (BN I)"}
+    assert set(res["methods"]) >= {"Global", "FT (BN C)", "FT (BN G)", "FT (BN I)"}
     for m in res["methods"].values():
         assert 0 <= m["acc_mean"] <= 100 and len(m["per_client"][0]) == res["config"]["data"]["num_clients"]
     assert (out / "methods.png").exists() and (out / "seed0" / "federation.npz").exists()

@@ -132,5 +132,12 @@ rows[["round", "clients", "completed", "failed", "train_loss"]]
 # flwr run . lab --run-config "experiment='demo' preset='cpu' out='/results/demo'" --stream
 # ```
 #
-# `flwr run .` alone runs the same app on a local simulation (the `local` connection Flower creates).
+# The same app on Flower's own local simulation (the `local` connection Flower creates), with one simulated
+# SuperNode per client; the variable keeps Flower from installing the app's dependencies into a new environment:
+#
+# ```bash
+# flwr federation simulation-config @none/default local --num-supernodes 6
+# FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --run-config "experiment='demo' preset='smoke'" --stream
+# ```
+#
 # Use TLS and node authentication outside a trusted network (see Flower's deployment guides).

@@ -58,12 +58,14 @@ class HyperNetwork(nn.Module):
         depth: hidden-to-hidden layers of the trunk (3 in the paper; App. C.2.3 varies 1..5).
         spectral_norm: spectral normalization of every linear layer (App. C.3).
         fixed_embeddings: (num_clients, d) non-trainable descriptors (App. C.5), or None
-            for trainable embeddings initialized N(0, 1) like ``nn.Embedding``.
+            for trainable embeddings initialized N(0, embed_std^2).
+        embed_std: scale of the trainable embeddings' initialization (1: ``nn.Embedding``'s
+            N(0, 1), the authors' code).
     """
 
     def __init__(self, num_clients: int, targets: Mapping[str, Sequence[int]], *, embed_dim: int = 0,
                  hidden: int = 100, depth: int = 3, spectral_norm: bool = False,
-                 fixed_embeddings: torch.Tensor | None = None):
+                 fixed_embeddings: torch.Tensor | None = None, embed_std: float = 1.0):
         super().__init__()
         if not targets:
             raise ValueError("targets is empty: the hypernetwork must emit at least one tensor")
@@ -78,7 +80,7 @@ class HyperNetwork(nn.Module):
         else:
             if embed_dim < 1:
                 raise ValueError(f"embed_dim={embed_dim}: must be >= 1")
-            self.embeddings = nn.Parameter(torch.randn(num_clients, embed_dim))
+            self.embeddings = nn.Parameter(embed_std * torch.randn(num_clients, embed_dim))
         self.targets = {n: tuple(int(s) for s in shape) for n, shape in targets.items()}
         self.trunk = nn.ModuleList([_linear(embed_dim, hidden, spectral_norm)]
                                    + [_linear(hidden, hidden, spectral_norm) for _ in range(depth)])
@@ -107,18 +109,19 @@ class HyperNetwork(nn.Module):
 
 
 def spec_of(num_clients: int, targets: Mapping[str, Sequence[int]], *, embed_dim: int, hidden: int, depth: int,
-            spectral_norm: bool, fixed: bool) -> dict:
+            spectral_norm: bool, fixed: bool, embed_std: float = 1.0) -> dict:
     """The plain-data description a hypernetwork is rebuilt from (kept in the server state)."""
     return {"num_clients": int(num_clients), "targets": {n: tuple(s) for n, s in targets.items()},
             "embed_dim": int(embed_dim), "hidden": int(hidden), "depth": int(depth),
-            "spectral_norm": bool(spectral_norm), "fixed": bool(fixed)}
+            "spectral_norm": bool(spectral_norm), "fixed": bool(fixed), "embed_std": float(embed_std)}
 
 
 def build(spec: dict, fixed_embeddings: torch.Tensor | None = None) -> HyperNetwork:
     """A freshly initialized hypernetwork (torch's default init; seed the global RNG first)."""
     return HyperNetwork(spec["num_clients"], spec["targets"], embed_dim=spec["embed_dim"], hidden=spec["hidden"],
                         depth=spec["depth"], spectral_norm=spec["spectral_norm"],
-                        fixed_embeddings=fixed_embeddings if spec["fixed"] else None)
+                        fixed_embeddings=fixed_embeddings if spec["fixed"] else None,
+                        embed_std=spec.get("embed_std", 1.0))
 
 
 _SKELETONS: dict[str, HyperNetwork] = {}

@@ -63,6 +63,9 @@ class PFedHNConfig(FLConfig):
             optimizer ("sgd", 1e-2, 0.9, 1e-3). embed_lr: the embeddings' rate (0: server_lr).
         server_max_grad_norm: clip of the hypernetwork gradient (50; 0 = none).
         embed_dim: embedding size (0: floor(1 + n / 4), App. C.2.2).
+        embed_std: the trainable embeddings start N(0, embed_std^2) (1: the authors' nn.Embedding).
+            A small value starts every client from the same model, so the embeddings' positions
+            are learned rather than inherited from the random draw (used for Fig. 4 at short budgets).
         hidden, depth: trunk width (100) and hidden-to-hidden layers (3).
         spectral_norm: App. C.3.
         embeddings: "learned" or "class_proportions" (fixed, App. C.5).
@@ -89,6 +92,7 @@ class PFedHNConfig(FLConfig):
     server_max_grad_norm: float = 50.0
     embed_lr: float = 0.0
     embed_dim: int = 0
+    embed_std: float = 1.0
     hidden: int = 100
     depth: int = 3
     spectral_norm: bool = False
@@ -110,10 +114,14 @@ class PFedHNConfig(FLConfig):
         non_negative("server_max_grad_norm", self.server_max_grad_norm)
         non_negative("embed_lr", self.embed_lr)
         require(self.embed_dim >= 0, "embed_dim", self.embed_dim, "must be >= 0 (0: 1 + n/4)")
+        positive("embed_std", self.embed_std)
         require(self.hidden >= 1, "hidden", self.hidden, "must be >= 1")
         require(self.depth >= 0, "depth", self.depth, "must be >= 0")
         one_of("embeddings", self.embeddings, {"learned", "class_proportions"})
         one_of("multi_client", self.multi_client, {"mean", "series"})
+        # the default tiny fraction means "one client per step"; Bernoulli draws would almost never pick one
+        require(self.sampling == "fraction" or self.fraction >= 1e-3, "fraction", self.fraction,
+                "with sampling='bernoulli' use the share of clients per round (>= 1e-3)")
         require(all(isinstance(w, int) and w >= 1 for w in self.budget_widths), "budget_widths",
                 self.budget_widths, "must be positive integers")
         require(len(set(self.budget_widths)) == len(self.budget_widths), "budget_widths", self.budget_widths,
@@ -181,7 +189,7 @@ def init(model, fed, cfg, env) -> dict:
     fixed = class_proportions(fed) if cfg.embeddings == "class_proportions" else None
     dim = fixed.shape[1] if fixed is not None else (cfg.embed_dim or hn.default_embed_dim(fed.num_clients))
     spec = hn.spec_of(fed.num_clients, targets, embed_dim=dim, hidden=cfg.hidden, depth=cfg.depth,
-                      spectral_norm=cfg.spectral_norm, fixed=fixed is not None)
+                      spectral_norm=cfg.spectral_norm, fixed=fixed is not None, embed_std=cfg.embed_std)
     env.seed_torch("pfedhn-init")
     net = hn.build(spec, fixed).to(env.device)
     return {"spec": spec, "hnet": {k: v.detach().clone() for k, v in net.state_dict().items()},

@@ -196,6 +196,17 @@ def drop(target: RecordDict, key: str) -> None:
             del target[f"{key}.{part}"]
 
 
+def tensors_in(obj) -> list[torch.Tensor]:
+    """Every tensor inside nested dicts / lists / tuples (depth first, repeats included)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_in(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_in(v)]
+    return []
+
+
 def record_nbytes(record: RecordDict) -> int:
     """Tensor bytes in a RecordDict's ArrayRecords (what `pflkit.fl.loop.nbytes` counts, each tensor once)."""
     total = 0

@@ -25,6 +25,7 @@ import torch
 
 from pflkit.config import ConfigError, to_dict
 from pflkit.experiments import ExperimentConfig, StageConfig, resolve
+from pflkit.runner import build_seed_federation  # noqa: F401  (re-exported for the tests)
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +76,6 @@ def find_stage(cfg: ExperimentConfig, label: str) -> StageConfig:
         if s.label == label:
             return s
     raise ValueError(f"experiment {cfg.name!r} has no stage labelled {label!r}")
-
-
-def build_seed_federation(cfg: ExperimentConfig, dataset, seed: int):
-    """The seed's federation, with the arguments `pflkit.runner.run_seed` uses."""
-    from pflkit.fl.federation import build_federation
-
-    d = cfg.data
-    return build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
-                            test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
-                            augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
 
 
 @dataclass

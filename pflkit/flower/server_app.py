@@ -46,20 +46,11 @@ from pflkit.algorithms.base import Algorithm, Env, Update, check_config
 from pflkit.fl.loop import StageResult, _score, eval_clients, sample_clients, summarize
 from pflkit.fl.train import Diverged, set_state
 from pflkit.flower import records
+from pflkit.flower.records import tensors_in
 from pflkit.flower.client_app import HEADER, METRICS, MSG, PAYLOAD
 from pflkit.flower.specs import eval_spec
 
 log = logging.getLogger(__name__)
-
-
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 class TokenTable:
@@ -74,7 +65,7 @@ class TokenTable:
         self._next, self._keep = 0, keep
 
     def token(self, obj, round_: int) -> tuple[int, int]:
-        fingerprint = tuple((id(t), t._version) for t in _tensors(obj))
+        fingerprint = tuple((id(t), t._version) for t in tensors_in(obj))
         hit = self._known.get(id(obj))
         if hit is not None and hit[0] is obj and hit[1] == fingerprint:
             self._known.move_to_end(id(obj))
@@ -101,6 +92,9 @@ class NodeMap:
         while len(ids) < self.num_clients and time.monotonic() < deadline:
             time.sleep(0.05)
             ids = set(grid.get_node_ids())
+        if wait and len(ids) < self.num_clients:
+            log.warning("%d Flower nodes for %d clients: the clients without a node are reported as failed "
+                        "whenever they are sampled", len(ids), self.num_clients)
         new = [n for n in ids if n not in self.cid_of]
         if not new:
             return
@@ -144,6 +138,7 @@ class PflkitStrategy(Strategy):
         self._eval_bytes = 0
         self._missing: list[int] = []
         self._test_state: Any = None
+        self._last_encoded: tuple = (None, None, None)
 
     # ------------------------------------------------------------ messages
 
@@ -154,23 +149,34 @@ class PflkitStrategy(Strategy):
             node = self.nodes.node_of.get(cid)
         if node is None:
             return None
-        hold, cache, send = {}, {}, obj
+        hold, cache = {}, {}
         if isinstance(obj, dict):
-            send, held = dict(obj), self.held.get(cid, {})
+            held = self.held.get(cid, {})
             for key, part in obj.items():
-                if isinstance(key, str) and isinstance(part, (dict, list, tuple)) and _tensors(part):
+                if isinstance(key, str) and isinstance(part, (dict, list, tuple)) and tensors_in(part):
                     token, issued = self.tokens.token(part, self.env.round + 1)
                     if held.get(key) == token:
                         hold[key] = token
-                        del send[key]
                     elif store and issued <= self.env.round:  # unchanged for a whole round: worth caching
                         cache[key] = token
         h = {**self.header, **header, "cid": cid, "round": self.env.round, "hold": json.dumps(hold),
              "store": json.dumps(cache)}
-        content = records.put(RecordDict({HEADER: ConfigRecord(h)}), MSG, send)
+        content = RecordDict({HEADER: ConfigRecord(h)})
+        body = self._encoded(obj, tuple(hold))
+        content[f"{MSG}.{records.ARRAYS}"], content[f"{MSG}.{records.TREE}"] = body
         nbytes = records.record_nbytes(content)
         self._pending[node] = (cid, cache, nbytes)
         return Message(content, dst_node_id=node, message_type=kind, group_id=str(self.env.round + 1))
+
+    def _encoded(self, obj, held: tuple) -> tuple:
+        """The message's records without its ``held`` parts; the same object is encoded once per round
+        (FedAvg broadcasts one state to every sampled client)."""
+        key = (id(obj), held, tuple((id(t), t._version) for t in tensors_in(obj)))
+        if self._last_encoded[0] != key or self._last_encoded[2] is not obj:
+            send = {k: v for k, v in obj.items() if k not in held} if held else obj
+            rec = records.to_record(send)
+            self._last_encoded = (key, (rec[records.ARRAYS], rec[records.TREE]), obj)
+        return self._last_encoded[1]
 
     def _collect(self, replies: Iterable[Message]) -> tuple[dict[int, RecordDict], dict[int, str], int, int]:
         """Replies by client id; failures (errors, no reply) by client id; bytes down / up."""

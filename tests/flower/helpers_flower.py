@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
+REL = 1e-6  # the same operations in the same order; only the process differs
+
 # FedAvg pretraining, then the four papers' methods and a fine-tuning baseline; sizes are tiny
 # but every phase runs: keep-best validation, caching (FedL2P samples 3 of 4 clients twice),
 # pFedHN's generated weights, FedSelect's masks, pFedVEM's client posteriors.
@@ -36,3 +40,19 @@ def experiment(methods=None, extra=None, **changes):
     raw["methods"].update(copy.deepcopy(extra or {}))
     raw.update(changes)
     return resolve(raw, "smoke")
+
+
+def assert_same_run(loop: dict, flower: dict, label: str) -> None:
+    """History (losses, validation, schedule) and every client's test metrics, to float tolerance."""
+    a, b = loop["rounds"][label]["seed0"], flower["rounds"][label]["seed0"]
+    assert len(a) == len(b) > 0 or label == "FT"
+    for ra, rb in zip(a, b):
+        assert rb["clients"] == ra["clients"] and rb["failed"] == []
+        for key in ("train_loss", "val_acc", "val_loss"):
+            assert (ra.get(key) is None) == (rb.get(key) is None), key
+            if ra.get(key) is not None:
+                assert rb[key] == pytest.approx(ra[key], rel=REL), (label, ra["round"], key)
+    ma, mb = loop["methods"][label], flower["methods"][label]
+    assert mb["status"] == ma["status"] == "ok"
+    assert mb["best_round"] == ma["best_round"]
+    assert mb["per_client"] == [pytest.approx(x, rel=REL) for x in ma["per_client"]]

@@ -15,9 +15,7 @@ from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
 from pflkit.runner import initial_model, make_env, run_experiment
-from tests.flower.helpers_flower import experiment
-
-REL = 1e-6  # the same operations in the same order; only the process differs
+from tests.flower.helpers_flower import assert_same_run, experiment
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +24,6 @@ def both(tmp_path_factory):
     loop = run_experiment(cfg, tmp_path_factory.mktemp("loop"), progress=False)
     flower = run_flower(cfg, tmp_path_factory.mktemp("flower"), backend="inprocess", node_seed=11)
     return cfg, loop, flower
-
-
-def assert_same_run(loop: dict, flower: dict, label: str) -> None:
-    """History (losses, validation, schedule) and every client's test metrics, to float tolerance."""
-    a, b = loop["rounds"][label]["seed0"], flower["rounds"][label]["seed0"]
-    assert len(a) == len(b) > 0 or label == "FT"
-    for ra, rb in zip(a, b):
-        assert rb["clients"] == ra["clients"] and rb["failed"] == []
-        for key in ("train_loss", "val_acc", "val_loss"):
-            assert (ra.get(key) is None) == (rb.get(key) is None), key
-            if ra.get(key) is not None:
-                assert rb[key] == pytest.approx(ra[key], rel=REL), (label, ra["round"], key)
-    ma, mb = loop["methods"][label], flower["methods"][label]
-    assert mb["status"] == ma["status"] == "ok"
-    assert mb["best_round"] == ma["best_round"]
-    assert mb["per_client"] == [pytest.approx(x, rel=REL) for x in ma["per_client"]]
 
 
 @pytest.mark.parametrize("label", ["FedAvg", "FedL2P", "pFedHN", "FedSelect", "pFedVEM", "FT"])

@@ -14,7 +14,7 @@ from pflkit.experiments import list_experiments, resolve
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import nbytes
 from pflkit.flower.client_app import load_client_state, save_client_state
-from pflkit.flower.records import from_record, get, put, record_nbytes, to_record
+from pflkit.flower.records import from_record, get, put, record_nbytes, tensors_in, to_record
 from pflkit.flower.runtime import experiment_to_raw
 from tests.helpers_data import digits_dataset, digits_env
 
@@ -91,9 +91,7 @@ def test_every_message_payload_and_state_of_two_rounds_comes_back_identical(fed,
 
 
 def _aliased(obj) -> bool:
-    from pflkit.flower.server_app import _tensors
-
-    ts = _tensors(obj)
+    ts = tensors_in(obj)
     return len({id(t) for t in ts}) < len(ts)
 
 
