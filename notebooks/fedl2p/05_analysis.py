@@ -137,7 +137,8 @@ for path in sorted(Path(results_root).glob("fedl2p_table[23]_*")) if results_roo
         scenarios[path.name.replace("fedl2p_", "")] = load_report(path, "FedL2P", seed)
 for label, rows in scenarios.items():
     s = beta_summary(rows)
-    print(f"{label:28s} mean beta {s['mean']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}), sparsity {s['sparsity']:.3f}")
+    print(f"{label:28s} mean beta {s['mean']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}), "
+          f"sparsity {s['sparsity']:.3f}")
 ax = plot_sparsity(scenarios)
 save_figure(ax.figure, fig_dir / "fedl2p_sparsity_by_scenario.png")
 plt.show()

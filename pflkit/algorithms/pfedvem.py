@@ -388,6 +388,22 @@ def evaluate(state, client, client_state, cfg, env, split):
     return evaluate_model(model, client, split, device=env.device)
 
 
+def trust_report(state, fed, cfg, env, client_states) -> dict:
+    """Per client (None if never trained): n_j, Eq. 7's rho_j^2 against the final w and its two
+    parts Tr Sigma_j / D and ||mu_j - w||^2 / D, and the share of tau_j = 1 / rho_j^2 in w."""
+    w, rows = state["w"], {}
+    for j, s in client_states.items():
+        sigma = F.softplus(s["raw"]) if "raw" in s else torch.zeros_like(w)  # pFedMAP: a point head
+        spread, dist = float((sigma ** 2).mean()), float(((s["mu"] - w) ** 2).mean())
+        rows[j] = (spread + dist if "raw" in s else cfg.rho ** 2, spread, dist)
+    total = sum(1 / r[0] for r in rows.values())
+    out = {"n_train": [c.num("train") for c in fed.clients]}
+    for k, key in enumerate(("rho2", "trace_per_dim", "dist2_per_dim")):
+        out[key] = [rows[j][k] if j in rows else None for j in range(fed.num_clients)]
+    out["tau_share"] = [1 / rows[j][0] / total if j in rows else None for j in range(fed.num_clients)]
+    return out
+
+
 def global_model(state) -> dict:
     """The server's model: the shared base and the global head mean w (flat)."""
     return {"base": state["base"], "w": state["w"]}
@@ -396,9 +412,11 @@ def global_model(state) -> dict:
 PFEDVEM = Algorithm(
     name="pfedvem", label="pFedVEM", config=PFedVEMConfig, init=init, broadcast=broadcast,
     client_update=vem_client_update, aggregate=aggregate, evaluate=evaluate, global_model=global_model,
+    report=trust_report,
 )
 
 PFEDMAP = Algorithm(
     name="pfedmap", label="pFedMAP", config=PFedMAPConfig, init=init, broadcast=broadcast,
     client_update=map_client_update, aggregate=aggregate, evaluate=evaluate, global_model=global_model,
+    report=trust_report,
 )

@@ -248,6 +248,13 @@ def test_loop_sampling_mode_every_sampled_client_reports(digits_fed):
     assert res.status == "ok" and len(res.client_states) < 10  # only sampled clients ever trained
     for row in res.history:  # each sampled client sends what it got plus its rho_j^2 (one float32)
         assert row["bytes_up"] == row["bytes_down"] + 4 * row["clients"]
+    rep = P.trust_report(res.state, digits_fed, None, None, res.client_states)
+    trained = sorted(res.client_states)
+    assert [j for j, r in enumerate(rep["rho2"]) if r is not None] == trained
+    assert sum(rep["tau_share"][j] for j in trained) == pytest.approx(1.0)
+    for j in trained:
+        s = res.client_states[j]
+        assert rep["rho2"][j] == pytest.approx(P.rho_squared(s["mu"], F.softplus(s["raw"]), res.state["w"]), rel=1e-5)
 
 
 def test_pfedmap_head_with_a_tight_prior_stays_at_w_and_mc_prediction_with_tiny_sigma_is_the_mean(digits_fed):
@@ -257,7 +264,8 @@ def test_pfedmap_head_with_a_tight_prior_stays_at_w_and_mc_prediction_with_tiny_
     client = digits_fed.clients[0]
     tight = P.PFedMAPConfig(rho=1e-4, head_steps=10, local_epochs=0, report_fraction=0.0)
     loose = P.PFedMAPConfig(rho=10.0, head_steps=10, local_epochs=0, report_fraction=0.0)
-    (_, near), (_, far) = (P.map_client_update(P.broadcast(state, 0, c, env), client, None, c, env) for c in (tight, loose))
+    (_, near), (_, far) = (P.map_client_update(P.broadcast(state, 0, c, env), client, None, c, env)
+                           for c in (tight, loose))
     assert torch.allclose(near["mu"], state["w"], atol=1e-5)
     assert not torch.allclose(far["mu"], state["w"], atol=1e-3)
     sharp = {"mu": far["mu"], "raw": P.softplus_inverse(torch.full_like(far["mu"], 1e-6))}

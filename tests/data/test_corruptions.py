@@ -180,7 +180,8 @@ def test_cifar10c_is_the_corrupted_test_split(tmp_path):
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"severity": 0}, "severity"), ({"corruptions": ("blur",)}, "corruptions"), ({"per_corruption": 0}, "per_corruption"),
+    ({"severity": 0}, "severity"), ({"corruptions": ("blur",)}, "corruptions"),
+    ({"per_corruption": 0}, "per_corruption"),
 ])
 def test_cifar10c_rejects_bad_options(tmp_path, options, match):
     write_cifar_npz(tmp_path)
