@@ -176,14 +176,17 @@ table1 = pd.concat(frames, axis=1).round(2)
 table1
 
 # %%
-fig, ax = plt.subplots(figsize=(6, 4))
-res2 = results[SETTINGS[0]]["methods"]
-for label, m in res2.items():
-    ax.scatter(m["bytes_per_round"] / 2**20, m["acc_mean"], s=25)
-    ax.annotate(label, (m["bytes_per_round"] / 2**20, m["acc_mean"]), fontsize=7)
-ax.set_xlabel("MB per round (down + up, all clients)")
-ax.set_ylabel(f"accuracy (%), s = {SETTINGS[0]}")
-ax.set_title(f"accuracy against communication - preset {preset}")
+fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(table1) + 1.5), sharey=True)
+order = table1.index[::-1]
+for s, color in zip(SETTINGS, ("tab:blue", "tab:orange")):
+    axes[0].barh(np.arange(len(order)) + (0.2 if s == SETTINGS[0] else -0.2), table1.loc[order, f"ours s={s}"],
+                 height=0.4, color=color, label=f"s = {s}")
+axes[1].barh(np.arange(len(order)), table1.loc[order, f"MB/round s={SETTINGS[0]}"], color="tab:gray")
+axes[0].set_yticks(np.arange(len(order)), order)
+axes[0].set_xlabel("accuracy (%)")
+axes[0].legend(fontsize=8)
+axes[1].set_xlabel("MB per round (down + up, all clients)")
+fig.suptitle(f"accuracy and communication - preset {preset}", fontsize=10)
 save_figure(fig, fig_dir / "accuracy_vs_communication.png")
 plt.show()
 
@@ -202,7 +205,7 @@ for label in [k for k in acc if k.startswith("FedSelect")]:
 # (the same run as its Table 1 row: same seed, same federation; kept as a checkpoint in `out_dir`).
 
 # %%
-fig, axes = plt.subplots(1, len(SETTINGS), figsize=(5 * len(SETTINGS), 4))
+fig, axes = plt.subplots(1, len(SETTINGS), figsize=(6 * len(SETTINGS), 5))
 for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     cfg = resolve(f"fedselect_table1_s{s}", preset, [f"seed={seed}", *fallback])
     stage = next(m for m in cfg.methods if m.label == "FedSelect (0.50)")
@@ -214,9 +217,10 @@ for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     masks = client_masks(run.client_states)
     head = head_param_names(run_env.model_fn())
     iou = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
-    sns.heatmap(iou, vmin=0, vmax=1, cmap="viridis", annot=len(iou) <= 10, fmt=".2f", ax=ax, square=True)
+    sns.heatmap(iou, vmin=0, vmax=1, cmap="viridis", annot=len(iou) <= 10, fmt=".2f", ax=ax, square=True,
+                annot_kws={"size": 6})
     share = np.mean([density(masks[c], head) for c in masks])
-    ax.set_title(f"s = {s}: head masks ({share:.1%} personal on average)")
+    ax.set_title(f"s = {s}: IoU of head masks ({share:.1%} personal on average)", fontsize=10)
     ax.set_xlabel("client")
     ax.set_ylabel("client")
 save_figure(fig, fig_dir / "fig1_mask_iou.png")

@@ -21,6 +21,7 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, bbox_inches="tight", dpi=150)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a figure is meant to be shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
