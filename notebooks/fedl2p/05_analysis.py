@@ -112,7 +112,7 @@ table
 # ## 3. Fig. 3 / 5: normalized log distance maps between domains
 
 # %%
-fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+fig, axes = plt.subplots(1, 4, figsize=(18, 3.8), gridspec_kw={"wspace": 0.5})
 for ax, q in zip(axes, ("xi", "beta", "features", "eta")):
     plot_distance_map(report, domains, q, names=names, ax=ax, title=q)
 fig.suptitle(f"{cfg.name}: log normalized distances (> 0 off the diagonal = domains apart)")

@@ -53,6 +53,8 @@ class FLConfig:
         local_steps: fixed number of local SGD steps per round, each on a fresh random batch.
         lr_milestones, lr_gamma: step decay of the local learning rate at these rounds.
         max_grad_norm: clip local gradients to this norm (0: no clipping).
+        checkpoint_every: rounds between the stage's atomic checkpoints (the last round always
+            writes one); a run stopped in between repeats at most these rounds on ``--resume``.
     """
 
     rounds: int = 10
@@ -71,6 +73,7 @@ class FLConfig:
     lr_milestones: tuple[int, ...] = ()
     lr_gamma: float = 0.1
     max_grad_norm: float = 0.0
+    checkpoint_every: int = 1
 
     def __post_init__(self):
         require(isinstance(self.rounds, int) and self.rounds >= 0, "rounds", self.rounds, "must be an integer >= 0")
@@ -87,6 +90,8 @@ class FLConfig:
         require(self.local_steps >= 0, "local_steps", self.local_steps, "must be >= 0")
         positive("lr_gamma", self.lr_gamma)
         non_negative("max_grad_norm", self.max_grad_norm)
+        require(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1, "checkpoint_every",
+                self.checkpoint_every, "must be an integer >= 1")
 
     def lr_at(self, round_index: int) -> float:
         """Local learning rate at a round, after the step decays."""

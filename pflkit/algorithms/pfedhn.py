@@ -74,6 +74,8 @@ class PFedHNConfig(FLConfig):
         budget_model, budget_option: the model built per width (``lenet``, option ``width``).
         multi_client: "mean" or "series" (module docstring).
         train_hypernet: False freezes phi (novel clients, sec. 5.3).
+        checkpoint_every: 20 server steps (one step is one client visit of ~1 s on a CPU, while the
+            hypernetwork and its momentum are ~200 MB for a LeNet target).
     """
 
     rounds: int = 5000
@@ -103,6 +105,7 @@ class PFedHNConfig(FLConfig):
     budget_option: str = "width"
     multi_client: str = "mean"
     train_hypernet: bool = True
+    checkpoint_every: int = 20
 
     def __post_init__(self):
         super().__post_init__()

@@ -101,7 +101,7 @@ def plot_hyperparameters(rows: list[dict], title: str = "", axes=None):
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [2, 4, 1]})
+        _, axes = plt.subplots(1, 3, figsize=(14, 3.6), gridspec_kw={"width_ratios": [2, 4, 1], "wspace": 0.3})
     beta = hyperparameter_frame(rows, "beta")
     if len(beta):
         _boxes(axes[0], beta, "beta (BN mixing)")

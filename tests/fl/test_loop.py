@@ -7,6 +7,7 @@ from pflkit.algorithms import ALGORITHMS, replace
 from pflkit.algorithms.base import Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import eval_clients, run_rounds, sample_clients
+from pflkit.io import load_torch
 from tests.helpers_data import digits_dataset, digits_env
 
 FEDAVG = ALGORITHMS["fedavg"]
@@ -69,25 +70,30 @@ def test_fedavg_learns_on_real_digits(fed):
     assert res.history[-1]["bytes_up"] > 0 and res.history[-1]["bytes_down"] == res.history[-1]["bytes_up"]
 
 
-def test_resume_gives_the_numbers_of_an_uninterrupted_run(fed, tmp_path):
+@pytest.mark.parametrize("every", [1, 2])
+def test_resume_gives_the_numbers_of_an_uninterrupted_run(fed, tmp_path, every):
     env = digits_env()
-    cfg = _cfg(rounds=4)
-    full = run_rounds(FEDAVG, cfg, fed, _model(env), env, checkpoint=tmp_path / "a.ckpt")
+    cfg = _cfg(rounds=5, checkpoint_every=every)
+    full = run_rounds(FEDAVG, cfg, fed, _model(env), env, checkpoint=tmp_path / "a.ckpt",
+                      checkpoint_every=every)
 
     calls = {"n": 0}
 
     def dying_aggregate(state, updates, c, e):
         calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt  # the run is killed during round 3
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # the run is killed during round 4
         return FEDAVG.aggregate(state, updates, c, e)
 
     dying = replace(FEDAVG, aggregate=dying_aggregate)
     env2 = digits_env()
     with pytest.raises(KeyboardInterrupt):
-        run_rounds(dying, cfg, fed, _model(env2), env2, checkpoint=tmp_path / "b.ckpt")
+        run_rounds(dying, cfg, fed, _model(env2), env2, checkpoint=tmp_path / "b.ckpt", checkpoint_every=every)
+    # every round: rounds 1-3 are on disk; every second round: round 2, so round 3 is repeated
+    assert load_torch(tmp_path / "b.ckpt")["round"] == (3 if every == 1 else 2)
     env3 = digits_env()
-    resumed = run_rounds(FEDAVG, cfg, fed, _model(env3), env3, checkpoint=tmp_path / "b.ckpt", resume=True)
+    resumed = run_rounds(FEDAVG, cfg, fed, _model(env3), env3, checkpoint=tmp_path / "b.ckpt", resume=True,
+                         checkpoint_every=every)
     for k in full.state["weights"]:
         assert torch.equal(full.state["weights"][k], resumed.state["weights"][k]), k
     assert full.per_client == resumed.per_client
