@@ -237,8 +237,8 @@ def _scratch(width, client, cfg, env, theta):
     return cache[key]
 
 
-def _client_model(theta, width, client, client_state, cfg, env):
-    """Target network = generated theta + the client's own head (PC) and buffers."""
+def client_model(theta, width, client, client_state, cfg, env):
+    """Target network = generated theta + the client's own head (PC) and buffers (also the Flower adapter's)."""
     model, initial_local = _scratch(width, client, cfg, env, theta)
     local = client_state if client_state is not None else initial_local
     model.load_state_dict({**local, **theta}, strict=True)
@@ -253,7 +253,7 @@ def _local_part(model, theta) -> dict:
 def client_update(msg, client, client_state, cfg, env):
     """K local SGD steps from theta_i; returns delta theta (Alg. 1 lines 5-8)."""
     theta = msg["theta"]
-    model = _client_model(theta, msg["width"], client, client_state, cfg, env)
+    model = client_model(theta, msg["width"], client, client_state, cfg, env)
     stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
                       generator=env.generator("client", client.id, env.round), steps=cfg.local_steps,
                       momentum=cfg.momentum, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
@@ -326,7 +326,7 @@ def personal_model(state, client, client_state, cfg, env, *, theta_from: int | N
     """
     source = client.id if theta_from is None else theta_from
     theta = generate(state, source, cfg)
-    return _client_model(theta, _width(state, client.id, cfg), client, client_state, cfg, env)
+    return client_model(theta, _width(state, client.id, cfg), client, client_state, cfg, env)
 
 
 def evaluate(state, client, client_state, cfg, env, split):
@@ -378,4 +378,4 @@ PFEDHN = Algorithm(
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)
 
 __all__ = ["PFEDHN", "PFEDHN_PC", "PFedHNConfig", "PFedHNPCConfig", "budget_group", "class_proportions",
-           "embeddings", "generate", "novel_client_algorithm", "personal_model"]
+           "client_model", "embeddings", "generate", "novel_client_algorithm", "personal_model"]

@@ -40,7 +40,7 @@ def _pfedhn_evaluate(view, client, client_state, cfg, env, split):
     from pflkit.fl.train import evaluate_model
 
     # the same target network `pfedhn.personal_model` builds, from the theta that travelled
-    model = pfedhn._client_model(view["theta"], view["width"], client, client_state, cfg, env)
+    model = pfedhn.client_model(view["theta"], view["width"], client, client_state, cfg, env)
     return evaluate_model(model, client, split, device=env.device)
 
 
