@@ -82,8 +82,7 @@ def _stage_record(result: StageResult) -> dict:
 
 def train_locally(algo, cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None) -> StageResult:
     """The default engine: pflkit's own round loop."""
-    return run_rounds(algo, cfg, fed, model, env, checkpoint=checkpoint, resume=resume, desc=desc,
-                      checkpoint_every=cfg.checkpoint_every)
+    return run_rounds(algo, cfg, fed, model, env, checkpoint=checkpoint, resume=resume, desc=desc)
 
 
 def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool,

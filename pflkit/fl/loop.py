@@ -128,7 +128,7 @@ class StageResult:
 
 def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Module, env: Env, *,
                checkpoint: str | os.PathLike | None = None, resume: bool = False, test: bool = True,
-               desc: str | None = None, checkpoint_every: int = 1) -> StageResult:
+               desc: str | None = None) -> StageResult:
     """Train ``algo`` for ``cfg.rounds`` rounds on ``fed``, then test every client.
 
     Args:
@@ -137,7 +137,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         fed: the federation.
         model: the initial global model (fresh, or pretrained when ``algo.needs_pretrained``).
         env: run context (model factory, device, seed).
-        checkpoint: file to write atomically every ``checkpoint_every`` rounds.
+        checkpoint: file to write atomically every ``cfg.checkpoint_every`` rounds.
         resume: continue from ``checkpoint`` if it exists.
         test: evaluate every client's test split at the end.
         desc: progress-bar label (None: no bar).
@@ -192,7 +192,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
             if desc is not None:
                 bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_loss", "val_acc") if row.get(k) is not None})
             log.info("%s round %d: %s", algo.name, t + 1, {k: v for k, v in row.items() if k != "round"})
-            if checkpoint is not None and ((t + 1) % checkpoint_every == 0 or t + 1 == cfg.rounds):
+            if checkpoint is not None and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.rounds):
                 save_torch(checkpoint, {"round": t + 1, "state": state, "client_states": client_states,
                                         "history": history, "best": best, "algorithm": algo.name,
                                         "config": to_dict(cfg)})

@@ -74,8 +74,7 @@ def test_fedavg_learns_on_real_digits(fed):
 def test_resume_gives_the_numbers_of_an_uninterrupted_run(fed, tmp_path, every):
     env = digits_env()
     cfg = _cfg(rounds=5, checkpoint_every=every)
-    full = run_rounds(FEDAVG, cfg, fed, _model(env), env, checkpoint=tmp_path / "a.ckpt",
-                      checkpoint_every=every)
+    full = run_rounds(FEDAVG, cfg, fed, _model(env), env, checkpoint=tmp_path / "a.ckpt")
 
     calls = {"n": 0}
 
@@ -88,12 +87,11 @@ def test_resume_gives_the_numbers_of_an_uninterrupted_run(fed, tmp_path, every):
     dying = replace(FEDAVG, aggregate=dying_aggregate)
     env2 = digits_env()
     with pytest.raises(KeyboardInterrupt):
-        run_rounds(dying, cfg, fed, _model(env2), env2, checkpoint=tmp_path / "b.ckpt", checkpoint_every=every)
+        run_rounds(dying, cfg, fed, _model(env2), env2, checkpoint=tmp_path / "b.ckpt")
     # every round: rounds 1-3 are on disk; every second round: round 2, so round 3 is repeated
     assert load_torch(tmp_path / "b.ckpt")["round"] == (3 if every == 1 else 2)
     env3 = digits_env()
-    resumed = run_rounds(FEDAVG, cfg, fed, _model(env3), env3, checkpoint=tmp_path / "b.ckpt", resume=True,
-                         checkpoint_every=every)
+    resumed = run_rounds(FEDAVG, cfg, fed, _model(env3), env3, checkpoint=tmp_path / "b.ckpt", resume=True)
     for k in full.state["weights"]:
         assert torch.equal(full.state["weights"][k], resumed.state["weights"][k]), k
     assert full.per_client == resumed.per_client
