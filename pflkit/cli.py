@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -35,13 +36,21 @@ def _run(name: str, args) -> int:
         overrides.append(f"seed={args.seed}")
     if args.seeds is not None:
         overrides.append(f"seeds={args.seeds}")
-    if getattr(args, "kernels", None):
-        overrides.append(f"kernels={args.kernels}")
-    cfg = resolve(name, args.preset, overrides)
+    for flag in ("kernels", "device"):
+        if getattr(args, flag, None):
+            overrides.append(f"{flag}={getattr(args, flag)}")
+    try:
+        cfg = resolve(name, args.preset, overrides)
+    except ConfigError as e:  # name the flag the user typed, not the config key behind it
+        msg = str(e)
+        for flag in ("kernels", "device"):
+            if getattr(args, flag, None) and msg.startswith(f"{flag}="):
+                msg = f"--{msg}"
+        raise ConfigError(msg) from None
     engine = getattr(args, "engine", "pflkit")
     if engine not in ("pflkit", "flower"):
         raise ConfigError(f"--engine={engine!r}: expected 'pflkit' or 'flower'")
-    out = Path(args.out or Path("runs") / f"{cfg.name}-{cfg.preset}")
+    out = Path(args.out or default_out(cfg, overrides))
     if engine == "flower":  # a local Flower simulation (Ray), one virtual SuperNode per client
         if args.resume:
             raise ConfigError("--resume is not available with --engine flower")
@@ -51,18 +60,39 @@ def _run(name: str, args) -> int:
             raise ConfigError(f"--engine flower needs Flower: pip install -e \".[flower]\" ({e})") from e
         results = run_flower(cfg, out, data_root=args.data_root, progress=not args.quiet)
     else:
-        results = run_experiment(cfg, out, data_root=args.data_root, resume=args.resume, progress=not args.quiet)
+        results = run_experiment(cfg, out, data_root=args.data_root, download=args.download, resume=args.resume,
+                                 overwrite=args.overwrite, progress=not args.quiet)
     print(format_table(results))
     fig = save_figure(plot_methods(results).figure, out / "methods.png")
     print(f"results: {out / 'results.json'}\nfigure: {fig}")
+    if results["status"] != "ok":
+        print(f"pflkit: run {results['status']}: " + "; ".join(
+            f"{label}: {m.get('error') or m['status']}" for label, m in results["methods"].items()
+            if m["status"] != "ok"), file=sys.stderr)
     return 0 if results["status"] == "ok" else 3
 
 
-def _cmd_notebooks(args) -> int:
-    from pflkit.notebooks import run_notebooks
+def default_out(cfg, overrides: list[str]) -> Path:
+    """``runs/NAME-PRESET``, plus a short hash of the ``--set`` overrides when there are any,
+    so a run with other settings never lands in (and is never refused by) another run's folder."""
+    if not overrides:
+        return Path("runs") / f"{cfg.name}-{cfg.preset}"
+    import hashlib
 
-    params = {"data_root": args.data_root} if args.data_root else {}
-    done = run_notebooks(args.preset, args.only, args.out, params)
+    digest = hashlib.sha256("\n".join(sorted(overrides)).encode()).hexdigest()[:8]
+    return Path("runs") / f"{cfg.name}-{cfg.preset}-{digest}"
+
+
+def _cmd_notebooks(args) -> int:
+    from pflkit.notebooks import figures_root, run_notebooks
+
+    params = {"device": args.device}
+    if args.data_root:
+        params["data_root"] = args.data_root
+    if args.standin:
+        params["standin"] = True
+    figures = figures_root() if args.figures else None
+    done = run_notebooks(args.preset, args.only, args.out, params, figures_dir=figures)
     for p in done:
         print(f"executed: {p}")
     return 0
@@ -82,8 +112,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, help="number of seeds (seed, seed+1, ...)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
     p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
-    p.add_argument("--out", help="output folder (default: runs/NAME-PRESET)")
-    p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
+    p.add_argument("--out", help="output folder (default: runs/NAME-PRESET[-HASH of the --set values])")
+    p.add_argument("--resume", action="store_true", help="continue a stopped run in --out (same settings)")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out instead of refusing")
+    p.add_argument("--download", action="store_true", help="download a missing dataset into the cache")
+    p.add_argument("--device", help="auto (default: CUDA when available), cpu, cuda, cuda:N or mps")
     p.add_argument("--kernels", choices=["auto", "triton", "reference"], help="custom-op backend")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -106,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="a subfolder of notebooks/, e.g. tutorials or fedl2p")
     p.add_argument("--out", default="notebooks_out", help="where executed copies go")
     p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N or mps")
+    p.add_argument("--standin", action="store_true", help="replace every dataset but sklearn digits by digits (labelled STAND-IN)")
+    p.add_argument("--figures", action="store_true",
+                   help="write figures to the repository's figures/ (default: under each notebook's --out)")
     p.set_defaults(fn=_cmd_notebooks)
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True)
@@ -118,14 +155,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_error(e: Exception) -> bool:
+    """Errors about the user's input or files, printed as one line (bugs keep their traceback)."""
+    from pflkit.data.download import ChecksumError
+    from pflkit.io import FolderLockedError
+
+    return isinstance(e, (ConfigError, ValueError, TypeError, FileNotFoundError, FolderLockedError, ChecksumError))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return args.fn(args)
-    except (ConfigError, ValueError, TypeError, FileNotFoundError) as e:
-        if args.verbose:  # the full traceback for debugging
+    except BrokenPipeError:  # `pflkit list | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as e:
+        if args.verbose or not _user_error(e):  # the full traceback for debugging / for bugs
             raise
         print(f"pflkit: error: {e}", file=sys.stderr)
         return 2

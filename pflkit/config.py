@@ -141,8 +141,9 @@ def from_dict(cls, values: Mapping[str, Any], prefix: str = ""):
     kwargs = {k: coerce(v, hints[k], prefix + k) for k, v in values.items()}
     try:
         return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}{e}") from None
+    except ConfigError as e:  # validators may already name the full key (data.num_clients)
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(prefix) else f"{prefix}{msg}") from None
 
 
 def to_dict(cfg) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Experiments: one TOML file per table row or figure, three presets, typed overrides.
 
-An experiment file (``experiments/<paper>/<name>.toml``) names the data, the
+An experiment file (``pflkit/catalog/<paper>/<name>.toml``) names the data, the
 partition, the model, an optional pretraining stage and the methods whose
 personalized accuracy the table reports, plus the paper's published numbers.
 ``[presets.smoke|cpu|paper]`` tables hold overrides that change sizes only,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +34,19 @@ PRESETS = ("smoke", "cpu", "paper")
 
 
 def experiments_dir() -> Path:
-    """The repository's ``experiments/`` folder (pflkit is used from a clone: ``pip install -e .``)."""
-    here = Path(__file__).resolve().parent.parent / "experiments"
+    """The experiment catalog, ``pflkit/catalog/<paper>/*.toml``, shipped inside the package.
+
+    It is package data (``[tool.setuptools.package-data]`` in pyproject.toml), so a wheel or
+    ``pip install git+...`` has it as well as an editable clone. (Not named ``experiments``:
+    that is this module.)
+    """
+    from importlib import resources
+
+    here = Path(str(resources.files("pflkit") / "catalog"))
     if not here.is_dir():
         raise FileNotFoundError(
-            f"no experiments folder at {here}; pflkit's experiments ship with the repository: "
-            "clone it and install with `pip install -e .`"
+            f"no experiment catalog at {here}; this pflkit install lacks its package data "
+            "(reinstall from a wheel or a clone: `pip install .`)"
         )
     return here
 
@@ -88,6 +96,29 @@ class DataConfig:
         for k in self.partition:
             require(k in params and k not in ("labels", "num_clients", "seed"), f"data.partition.{k}",
                     self.partition[k], f"not an option of scheme {self.scheme!r}")
+        _dry_run_partition(PARTITIONS[self.scheme], self.num_clients, self.partition)
+
+
+def _dry_run_partition(scheme, num_clients: int, options: dict) -> None:
+    """Check the partition options whose validity does not depend on the data, before it is loaded.
+
+    Each is checked by the partition package's own validator; an invalid value is a `ConfigError`
+    naming ``data.partition.KEY``. Size-dependent checks (enough samples per class, ...) need the
+    real data and happen when the federation is built.
+    """
+    from pflkit.data.partition._common import check_alpha, check_positive_int
+
+    checks = {"alpha": lambda v: check_alpha(v, num_clients),
+              "classes_per_client": lambda v: check_positive_int(v, "classes_per_client"),
+              "samples_per_client": lambda v: v is None or isinstance(v, (list, tuple))
+              or check_positive_int(v, "samples_per_client"),
+              "samples_per_class": lambda v: isinstance(v, (list, tuple)) or check_positive_int(v, "samples_per_class")}
+    for key, value in options.items():
+        if key in checks:
+            try:
+                checks[key](value)
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"data.partition.{key}={value!r}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -122,7 +153,7 @@ class ExperimentConfig:
     seed: int = 0
     seeds: int = 1
     kernels: str = "auto"
-    device: str = "cpu"
+    device: str = "auto"
 
     def to_dict(self) -> dict:
         def stage(s):
@@ -261,9 +292,67 @@ def _build(raw: dict, preset: str) -> ExperimentConfig:
     require(seeds >= 1, "seeds", seeds, "must be >= 1")
     kernels = coerce(raw.get("kernels", "auto"), str, "kernels")
     one_of("kernels", kernels, {"auto", "triton", "reference"})
+    device = coerce(raw.get("device", "auto"), str, "device")
+    check_device(device)
+    check_kernels(kernels, device)
+    _check_keep_best(data, (pretrain,) + methods)
     return ExperimentConfig(
         name=meta.get("name", "experiment"), paper=meta.get("paper", ""), table=meta.get("table", ""),
         title=meta.get("title", ""), preset=preset, data=data, model=model, pretrain=pretrain, methods=methods,
         published=dict(raw.get("published", {})), seed=seed, seeds=seeds, kernels=kernels,
-        device=coerce(raw.get("device", "cpu"), str, "device"),
+        device=device,
     )
+
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(device: str) -> None:
+    """A device name pflkit accepts: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+
+    ``auto`` means CUDA when available, else the CPU (`pflkit.runner.resolve_device`). A CUDA or
+    MPS device the machine does not have is an error here, before any data is loaded.
+    """
+    require(bool(DEVICE_PATTERN.match(device)), "device", device, "must be auto, cpu, cuda, cuda:N or mps")
+    if device.startswith("cuda"):
+        require(torch_cuda_count() > 0, "device", device, "CUDA is not available on this machine "
+                "(use device=auto or device=cpu)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        require(index < torch_cuda_count(), "device", device,
+                f"this machine has {torch_cuda_count()} CUDA device(s)")
+    if device == "mps":
+        import torch
+
+        require(torch.backends.mps.is_available(), "device", device, "MPS is not available on this machine")
+
+
+def torch_cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_kernels(kernels: str, device: str) -> None:
+    """``kernels=triton`` needs CUDA (or Triton's CPU interpreter, ``TRITON_INTERPRET=1``, for tests)."""
+    if kernels != "triton":
+        return
+    from pflkit.kernels import triton_importable
+    from pflkit.kernels._triton_common import interpreter_enabled
+
+    require(triton_importable(), "kernels", kernels, "Triton is not installed (use kernels=auto or reference)")
+    on_cuda = device.startswith("cuda") or (device == "auto" and torch_cuda_count() > 0)
+    require(on_cuda or (device in ("cpu", "auto") and interpreter_enabled()), "kernels", kernels,
+            f"the Triton kernels need a CUDA device (device={device!r} here; use kernels=auto or reference)")
+
+
+def _check_keep_best(data: DataConfig, stages) -> None:
+    """Keep-best on validation scores needs a validation split (else every score is NaN)."""
+    if data.val_fraction > 0:
+        return
+    for i, st in enumerate(stages):
+        c = getattr(st, "config", None)
+        if c is not None and c.keep_best and c.eval_every and c.select in ("val_acc", "val_loss"):
+            key = "pretrain" if i == 0 else f'methods."{st.label}"'
+            require(False, "data.val_fraction", 0.0,
+                    f"stage {st.label!r} keeps its best state by {c.select}, which needs a validation split "
+                    f"(set data.val_fraction > 0, or {key}.keep_best=false)")

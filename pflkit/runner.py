@@ -6,13 +6,24 @@ tables' "Global" column, and the start of every method that fine-tunes it), then
 train and test every method. Each finished stage is written to disk at once, so
 ``resume=True`` skips finished stages and continues the unfinished one from its
 last round checkpoint: a resumed run ends with the numbers of an uninterrupted one.
+
+What a number rests on is checked and recorded: the output folder is locked for the
+run; a folder that already holds a run is continued only with ``resume=True`` and
+only when the stored fingerprint (resolved config and data files) matches, replaced
+only with ``overwrite=True``; results.json records the device, versions, kernel
+backends and the data files (path, size, sha256); a method is ``ok`` only when every
+client has a finite test accuracy (else ``incomplete``, naming the clients).
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import math
 import platform
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -21,14 +32,16 @@ import numpy as np
 import torch
 
 import pflkit
+from pflkit import kernels
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.base import Env
+from pflkit.config import ConfigError
 from pflkit.data.datasets import load_dataset
 from pflkit.experiments import ExperimentConfig, StageConfig
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import set_state
-from pflkit.io import load_torch, read_json, save_torch, write_json
+from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, write_json
 from pflkit.models import build_model
 
 log = logging.getLogger(__name__)
@@ -40,25 +53,43 @@ def slug(label: str) -> str:
 
 
 def version_info() -> dict:
-    """pflkit version and git commit (if run from a clone), torch and Python versions."""
+    """pflkit version and git commit (if run from a clone), torch, CUDA, Triton and Python versions."""
     commit = None
     try:
         root = Path(pflkit.__file__).resolve().parent.parent
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
+        if (root / ".git").exists():  # an installed wheel is not in a clone: no commit to report
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                    timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"pflkit": pflkit.__version__, "git": commit, "torch": torch.__version__, "python": platform.python_version()}
+    triton = None
+    if kernels.triton_importable():
+        import triton as _triton
+
+        triton = getattr(_triton, "__version__", "unknown")
+    return {"pflkit": pflkit.__version__, "git": commit, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": triton, "python": platform.python_version()}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> the first CUDA device when there is one, else the CPU; other names as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def device_info(cfg: ExperimentConfig) -> dict:
+    """The device a run really used, its GPU's name and the kernel backend each custom op ran with."""
+    device = resolve_device(cfg.device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    with kernels.use_backend(cfg.kernels):
+        used = {op: kernels.resolve(op, device) for op in kernels.OPS}
+    return {"requested": cfg.device, "device": str(device), "gpu": gpu, "kernels": cfg.kernels, "kernels_used": used}
 
 
 def make_env(cfg: ExperimentConfig, fed: Federation, seed: int) -> Env:
-    """The run context: a factory for the experiment's model on its device."""
-    if cfg.kernels != "auto":
-        from pflkit import kernels
-
-        if hasattr(kernels, "set_backend"):
-            kernels.set_backend(cfg.kernels)
-    device = torch.device(cfg.device)
+    """The run context: a factory for the experiment's model on its device (``auto`` resolved)."""
+    device = resolve_device(cfg.device)
 
     def model_fn():
         return build_model(cfg.model.name, num_classes=fed.num_classes, input_shape=tuple(fed.x.shape[1:]),
@@ -76,7 +107,7 @@ def initial_model(env: Env) -> torch.nn.Module:
 def _stage_record(result: StageResult) -> dict:
     per_client = {int(k): v for k, v in result.per_client.items()}
     return {"status": result.status, "error": result.error, "best_round": result.best_round,
-            "seconds": result.seconds, "summary": result.summary,
+            "seconds": result.seconds, "summary": result.summary, "missing": list(getattr(result, "missing", [])),
             "per_client": [per_client[k] for k in sorted(per_client)], "history": result.history}
 
 
@@ -96,10 +127,10 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     result = train(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
                    resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None, label=stage.label)
     record = _stage_record(result)
-    if algo.report is not None and result.status == "ok" and result.client_states is not None:
+    if algo.report is not None and result.status != "diverged" and result.client_states is not None:
         write_json(seed_dir / f"{slug(stage.label)}.report.json",
                    algo.report(result.state, fed, stage.config, env, result.client_states))
-    if algo.exports_global and result.status == "ok":
+    if algo.exports_global and result.status != "diverged":
         save_torch(seed_dir / f"{slug(stage.label)}.weights.pt", algo.global_model(result.state))
     write_json(done, record)
     (seed_dir / f"{slug(stage.label)}.ckpt").unlink(missing_ok=True)
@@ -114,12 +145,24 @@ def build_seed_federation(cfg: ExperimentConfig, dataset, seed: int) -> Federati
                             augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
 
 
+def check_client_splits(fed: Federation, cfg: ExperimentConfig) -> None:
+    """Every client needs training and test samples: else its accuracy would be NaN (before any training)."""
+    for split in ("train", "test"):
+        empty = [c.id for c in fed.clients if c.num(split) == 0]
+        if empty:
+            shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+            raise ConfigError(f"data.num_clients={cfg.data.num_clients}: {len(empty)} of {fed.num_clients} clients get "
+                              f"no {split} samples from {cfg.data.dataset!r} (clients {shown}); use fewer clients"
+                              + (" or a larger data.test_fraction" if split == "test" else ""))
+
+
 def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool,
              train=train_locally):
     """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids})."""
     seed_dir = out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     fed = build_seed_federation(cfg, dataset, seed)
+    check_client_splits(fed, cfg)
     fed.save(seed_dir / "federation.npz")
     env = make_env(cfg, fed, seed)
     records: dict[str, dict] = {}
@@ -128,7 +171,7 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
         records[cfg.pretrain.label] = rec = _run_stage(cfg.pretrain, fed, env, initial_model(env), seed_dir, resume,
                                                        progress, train)
         weights = seed_dir / f"{slug(cfg.pretrain.label)}.weights.pt"
-        if rec["status"] == "ok" and weights.exists():
+        if rec["status"] != "diverged" and weights.exists():
             pretrained = load_torch(weights)
     for stage in cfg.methods:
         algo = get_algorithm(stage.algorithm)
@@ -148,13 +191,25 @@ def _pool_acc(record: dict, ids: list[int]) -> float:
     return 100.0 * float(np.mean([record["per_client"][i]["acc"] for i in ids]))
 
 
+STATUS_ORDER = ("diverged", "incomplete", "ok")  # the worst status of the parts is the status of the whole
+
+
+def worst_status(statuses) -> str:
+    statuses = set(statuses)
+    return next((s for s in STATUS_ORDER if s in statuses), "ok")
+
+
 def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], published,
-                  pools: list[dict[str, list[int]]]) -> dict:
-    """Summary of one method over seeds; with an unseen pool, acc_* are over seen clients."""
+                  pools: list[dict[str, list[int]]], seeds: list[int]) -> dict:
+    """Summary of one method over seeds; with an unseen pool, acc_* are over seen clients.
+
+    Accuracies are reported only when every seed is ``ok`` (each client has a finite test
+    accuracy); ``missing`` then names each client without one and why, per seed.
+    """
     ok = [(r, p) for r, p in zip(per_seed_records, pools) if r["status"] == "ok"]
     accs = [_pool_acc(r, p["seen"]) for r, p in ok]
     unseen = [_pool_acc(r, p["unseen"]) for r, p in ok if p["unseen"]]
-    status = "ok" if len(ok) == len(per_seed_records) else "diverged"
+    status = worst_status(r["status"] for r in per_seed_records)
     rounds = [r["history"] for r in per_seed_records]
     bytes_round = [np.mean([h["bytes_down"] + h["bytes_up"] for h in hist]) for hist in rounds if hist]
     return {
@@ -168,41 +223,137 @@ def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], publ
         "per_client": [[100.0 * c["acc"] for c in r["per_client"]] for r in per_seed_records],
         "best_round": [r.get("best_round") for r in per_seed_records],
         "bytes_per_round": float(np.mean(bytes_round)) if bytes_round else 0.0,
+        "missing": [{"seed": s, **m} for s, r in zip(seeds, per_seed_records) for m in r.get("missing", [])],
+        "error": "; ".join(f"seed {s}: {r['error']}" for s, r in zip(seeds, per_seed_records) if r.get("error")),
         "published": published,
     }
 
 
-def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, resume: bool = False,
-                   progress: bool = True, train=train_locally, engine: str = "pflkit") -> dict:
+RUN_FILE = "run.json"
+# settings that do not change the numbers a run gives (up to float tolerance) and may differ on resume
+NOT_FINGERPRINTED = ("seeds", "published", "title", "device", "kernels")
+
+
+def fingerprint(cfg: ExperimentConfig, dataset) -> dict:
+    """What a run's numbers depend on: the resolved config (less `NOT_FINGERPRINTED`) and the data read."""
+    config = {k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}
+    files = [{"bytes": f["bytes"], "sha256": f["sha256"]} for f in data_files(dataset)]
+    return {"config": config, "data": {"name": dataset.meta.name, "files": files}}
+
+
+def fingerprint_hash(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def data_files(dataset) -> list[dict]:
+    """The files a dataset was read from (path, bytes, sha256), as its loader recorded them."""
+    return [dict(f) for f in getattr(dataset.meta, "files", ()) or ()]
+
+
+def _flatten(d, prefix: str = "") -> dict:
+    if isinstance(d, dict):
+        return {k: v for key, val in d.items() for k, v in _flatten(val, f"{prefix}{key}.").items()}
+    if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+        return {k: v for i, val in enumerate(d) for k, v in _flatten(val, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): d}
+
+
+def config_differences(old: dict, new: dict) -> list[str]:
+    """Dotted keys whose values differ, as ``key (old -> new)``."""
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k} ({a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r})" for k in sorted(set(a) | set(b))
+            if a.get(k, "<unset>") != b.get(k, "<unset>")]
+
+
+def holds_a_run(out: Path) -> bool:
+    """True when ``out`` has files of an earlier run (its record, results or a seed folder)."""
+    return (out / RUN_FILE).exists() or (out / "results.json").exists() or any(out.glob("seed*"))
+
+
+def clear_run(out: Path) -> None:
+    """Delete the files pflkit wrote into ``out`` (never anything else a user keeps there)."""
+    for p in out.glob("seed*"):
+        if p.is_dir():
+            shutil.rmtree(p)
+    for name in (RUN_FILE, "results.json", "methods.png", "flower-failures.log"):
+        (out / name).unlink(missing_ok=True)
+
+
+def prepare_folder(out: Path, fp: dict, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix two configurations, or to replace a run, unless told to; then record ``fp``.
+
+    Raises:
+        ConfigError: ``out`` holds a run and neither flag is given, or ``resume`` with a run of
+            other settings (the message names every differing key).
+    """
+    run_file = out / RUN_FILE
+    if overwrite:
+        clear_run(out)
+    elif holds_a_run(out):
+        if not resume:
+            raise ConfigError(f"--out {out} already holds a run; continue it with --resume, replace it with "
+                              "--overwrite, or choose another --out")
+        if not run_file.exists():
+            raise ConfigError(f"--resume: {out} holds no {RUN_FILE}, so its settings cannot be checked; "
+                              "start over with --overwrite")
+        stored = read_json(run_file)["fingerprint"]
+        if fingerprint_hash(stored) != fingerprint_hash(json.loads(json.dumps(fp, default=str))):
+            diff = config_differences(stored, json.loads(json.dumps(fp, default=str)))
+            raise ConfigError(f"--resume: the run in {out} was made with other settings: {'; '.join(diff[:8])}"
+                              f"{' ...' if len(diff) > 8 else ''}. Resume with the same settings, or start over "
+                              "with --overwrite")
+    write_json(run_file, {"fingerprint": fp, "hash": fingerprint_hash(fp)})
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, download: bool = False,
+                   resume: bool = False, overwrite: bool = False, progress: bool = True, train=train_locally,
+                   engine: str = "pflkit") -> dict:
     """Run every seed of ``cfg`` into ``out`` and write ``out/results.json`` (atomically).
 
     ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
-    server passes its own). Returns the results dict (keys: config, engine, status, methods,
-    rounds, timing, version).
+    server passes its own). ``download`` lets a missing dataset be downloaded into the cache.
+    ``out`` is locked while the run lasts; a folder holding an earlier run needs ``resume``
+    (same settings, checked) or ``overwrite``. Returns the results dict (keys: config, engine,
+    status, methods, rounds, timing, version, environment, data).
     Accuracies in ``methods`` are percentages (mean over clients of each client's test
     accuracy; ``acc_std`` is the standard deviation over seeds).
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    dataset = load_dataset(cfg.data.dataset, data_root, **cfg.data.options)
-    t_data = time.perf_counter() - t0
-    seeds = [cfg.seed + k for k in range(cfg.seeds)]
-    runs = {s: run_seed(cfg, dataset, s, out, resume, progress, train) for s in seeds}
+    with locked_folder(out), kernels.use_backend(cfg.kernels):
+        remove_orphans(out)
+        t0 = time.perf_counter()
+        dataset = load_dataset(cfg.data.dataset, data_root, download=download, **cfg.data.options)
+        t_data = time.perf_counter() - t0
+        fp = fingerprint(cfg, dataset)
+        prepare_folder(out, fp, resume=resume, overwrite=overwrite)
+        environment = device_info(cfg)
+        seeds = [cfg.seed + k for k in range(cfg.seeds)]
+        runs = {s: run_seed(cfg, dataset, s, out, resume, progress, train) for s in seeds}
+        results = _results(cfg, runs, seeds, engine)
+        stage_seconds = sum(v for st in results["timing"]["stages"].values() for v in st.values())
+        results["timing"].update({"total_seconds": t_data + stage_seconds, "data_seconds": t_data,
+                                  "wall_seconds": time.perf_counter() - t0})
+        results.update({"environment": environment,
+                        "data": {"name": dataset.meta.name, "source": dataset.meta.source,
+                                 "files": data_files(dataset), "fingerprint": fingerprint_hash(fp)}})
+        write_json(out / "results.json", results)
+    return results
+
+
+def _results(cfg: ExperimentConfig, runs: dict, seeds: list[int], engine: str) -> dict:
+    """results.json's content from each seed's stage records."""
     per_seed = {s: r[0] for s, r in runs.items()}
     stages = ([cfg.pretrain] if cfg.pretrain else []) + list(cfg.methods)
     methods = {st.label: _method_entry(st.label, st.algorithm, [per_seed[s][st.label] for s in seeds],
-                                       cfg.published.get(st.label), [runs[s][1] for s in seeds]) for st in stages}
-    results = {
+                                       cfg.published.get(st.label), [runs[s][1] for s in seeds], seeds)
+               for st in stages}
+    return {
         "config": cfg.to_dict(),
         "engine": engine,
-        "status": "ok" if all(m["status"] == "ok" for m in methods.values()) else "diverged",
+        "status": worst_status(m["status"] for m in methods.values()),
         "methods": methods,
         "rounds": {st.label: {f"seed{s}": per_seed[s][st.label]["history"] for s in seeds} for st in stages},
-        "timing": {"total_seconds": time.perf_counter() - t0, "data_seconds": t_data,
-                   "stages": {st.label: {f"seed{s}": per_seed[s][st.label].get("seconds", 0.0) for s in seeds}
+        "timing": {"stages": {st.label: {f"seed{s}": per_seed[s][st.label].get("seconds", 0.0) for s in seeds}
                               for st in stages}},
         "version": version_info(),
     }
-    write_json(out / "results.json", results)
-    return results

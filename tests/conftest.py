@@ -23,17 +23,21 @@ TOL = {
 }
 
 
-def shared_data_dir() -> Path:
-    """The offline datasets beside the repository (../shared/data), or $PFLKIT_SHARED_DATA."""
-    env = os.environ.get("PFLKIT_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+# tests never reach the network: a missing dataset is an error, not a download attempt
+os.environ.setdefault("PFLKIT_OFFLINE", "1")
+
+
+def shared_data_dir() -> Path | None:
+    """The folder of real offline datasets the tests may use: ``$PFLKIT_DATA`` (CI sets it), else None."""
+    env = os.environ.get("PFLKIT_DATA")
+    return Path(env) if env else None
 
 
 @pytest.fixture
 def shared_data() -> Path:
     path = shared_data_dir()
-    if not path.is_dir():
-        pytest.skip(f"offline data folder {path} is absent")
+    if path is None or not path.is_dir():
+        pytest.skip(f"no offline data folder: set $PFLKIT_DATA (now {path})")
     return path
 
 

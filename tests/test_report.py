@@ -19,7 +19,7 @@ RES = {
 def test_table_prints_ours_beside_the_paper_and_marks_divergence():
     df = results_table(RES)
     assert df.loc[0, "ours"] == "50.00±1.00" and df.loc[0, "paper"] == "44.86"
-    assert df.loc[1, "ours"] == "diverge"
+    assert df.loc[1, "ours"] == "diverged"
     text = format_table(RES)
     assert "preset cpu" in text and "diverge" in text
 

@@ -171,7 +171,7 @@ def init(model, fed, cfg, env) -> dict:
     """Alg. 1 line 1: keep theta_g, initialize lambda (seeded by the run seed)."""
     weights = get_state(model)
     spec = model_spec(model, cfg)
-    lam = init_meta_params(spec, env.generator("fedl2p", "init"))
+    lam = init_meta_params(spec, env.generator("fedl2p", "init"), env.device)
     return {"weights": weights, "lam": lam}
 
 

@@ -148,8 +148,12 @@ def eligible_names(model: nn.Module, scope: str = "all") -> list[str]:
 
 
 def filled(model: nn.Module, value: bool, names=None) -> Mask:
-    """A mask of every parameter (or of ``names``) set to ``value``."""
-    return {n: torch.full(p.shape, value, dtype=torch.bool) for n, p in model.named_parameters()
+    """A mask of every parameter (or of ``names``) set to ``value``.
+
+    Masks live on the host, as every mask of this module (chosen by `keep_largest` from CPU
+    scores, so ties break alike on every device; sent as bits); users move them to the device.
+    """
+    return {n: torch.full(p.shape, value, dtype=torch.bool, device="cpu") for n, p in model.named_parameters()
             if names is None or n in names}
 
 
@@ -315,7 +319,7 @@ def encode_mask(mask: torch.Tensor) -> dict:
 def decode_mask(code: dict, shape) -> torch.Tensor:
     n = int(np.prod(shape))
     if "holes" in code:
-        out = torch.ones(n, dtype=torch.bool)
+        out = torch.ones(n, dtype=torch.bool, device="cpu")  # masks live on the host (`filled`)
         out[code["holes"].long()] = False
         return out.view(tuple(shape))
     return torch.from_numpy(np.unpackbits(code["bits"].numpy(), count=n).astype(bool)).view(tuple(shape))
@@ -344,7 +348,8 @@ def to_sparse(state: dict, travel: Mask, buffers: bool, masks: bool = True) -> d
 def travel_of(payload: dict, like: dict) -> Mask:
     """The travel mask a `to_sparse` payload encodes, over the parameters in ``like``."""
     return {name: decode_mask(payload["masks"][name], ref.shape) if name in payload["masks"]
-            else torch.full(ref.shape, name in payload["values"], dtype=torch.bool) for name, ref in like.items()}
+            else torch.full(ref.shape, name in payload["values"], dtype=torch.bool, device="cpu")
+            for name, ref in like.items()}
 
 
 def _dense(payload: dict, name: str, fallback: torch.Tensor, travel: torch.Tensor) -> torch.Tensor:

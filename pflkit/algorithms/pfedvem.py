@@ -55,9 +55,13 @@ from pflkit.models.introspect import head_param_names
 # ----------------------------------------------------------------------------------------------
 
 
-def softplus_inverse(x: torch.Tensor | float) -> torch.Tensor:
-    """The raw parameter whose softplus is ``x`` > 0 (log(expm1(x)), stable for large x)."""
-    x = torch.as_tensor(x, dtype=torch.get_default_dtype())
+def softplus_inverse(x: torch.Tensor | float, device=None) -> torch.Tensor:
+    """The raw parameter whose softplus is ``x`` > 0 (log(expm1(x)), stable for large x).
+
+    A float ``x`` gives a 0-d tensor on ``device`` (default: the CPU).
+    """
+    x = torch.as_tensor(x, dtype=torch.get_default_dtype(),
+                        device=x.device if isinstance(x, torch.Tensor) else (device or "cpu"))
     if (x <= 0).any():
         raise ValueError(f"softplus_inverse needs positive values, got min {float(x.min())}")
     return x + torch.log(-torch.expm1(-x))
@@ -79,7 +83,7 @@ def head_logits(z: torch.Tensor, heads: torch.Tensor, num_classes: int) -> torch
 def gaussian_kl(mu_q: torch.Tensor, sigma_q: torch.Tensor, mu_p: torch.Tensor,
                 sigma_p: torch.Tensor | float) -> torch.Tensor:
     """KL[N(mu_q, diag sigma_q^2) || N(mu_p, diag sigma_p^2)], summed over dimensions (Eq. 5)."""
-    sigma_p = torch.as_tensor(sigma_p, dtype=mu_q.dtype)
+    sigma_p = torch.as_tensor(sigma_p, dtype=mu_q.dtype, device=mu_q.device)
     ratio = (sigma_q / sigma_p) ** 2
     return 0.5 * (ratio + ((mu_q - mu_p) / sigma_p) ** 2 - 1.0 - torch.log(ratio)).sum()
 
@@ -98,7 +102,7 @@ def server_objective(means, sigmas, rho2, w: torch.Tensor) -> torch.Tensor:
     """Eq. 6: sum_j E_{q_j}[log N(w_j; w, rho_j^2 I)] (the ELBO's terms that depend on w, rho)."""
     total = 0.0
     for mu, sigma, r in zip(means, sigmas, rho2):
-        r = torch.as_tensor(r, dtype=mu.dtype)
+        r = torch.as_tensor(r, dtype=mu.dtype, device=mu.device)
         spread = (sigma ** 2).sum() + ((mu - w) ** 2).sum()
         total = total + (-0.5 * mu.numel() * torch.log(2 * math.pi * r) - spread / (2 * r))
     return total
@@ -106,7 +110,8 @@ def server_objective(means, sigmas, rho2, w: torch.Tensor) -> torch.Tensor:
 
 def sample_heads(mu: torch.Tensor, sigma: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
     """n reparameterized draws mu + sigma * eps from q (differentiable in mu and sigma)."""
-    eps = torch.randn((n, mu.numel()), generator=generator, dtype=mu.dtype).to(mu.device)
+    # drawn by the run's seeded CPU generator (the same heads on every device), then moved
+    eps = torch.randn((n, mu.numel()), generator=generator, dtype=mu.dtype, device="cpu").to(mu.device)
     return mu + sigma * eps
 
 
@@ -239,7 +244,8 @@ def _features(model, client, device) -> tuple[torch.Tensor, torch.Tensor]:
 def _reports(client, cfg, env) -> bool:
     if cfg.report_fraction == 0:
         return True  # the loop's sampling already chose this client
-    return bool(torch.rand(1, generator=env.generator("report", client.id, env.round)) < cfg.report_fraction)
+    draw = torch.rand(1, generator=env.generator("report", client.id, env.round), device="cpu")  # host-side coin
+    return bool(draw < cfg.report_fraction)
 
 
 def head_lipschitz(z: torch.Tensor) -> float:
@@ -307,7 +313,7 @@ def vem_client_update(msg, client, client_state, cfg, env):
     """Alg. 1 lines 3-7 on client j: rho_j^2, E-step on q_j, base update, report (mu_j, rho_j^2)."""
     w = msg["w"].to(env.device)
     if client_state is None:  # a new client's q_j starts at the global head
-        client_state = {"mu": w.clone(), "raw": softplus_inverse(cfg.init_scale).expand_as(w).clone()}
+        client_state = {"mu": w.clone(), "raw": softplus_inverse(cfg.init_scale, w.device).expand_as(w).clone()}
     mu = client_state["mu"].to(env.device).clone().requires_grad_(True)
     raw = client_state["raw"].to(env.device).clone().requires_grad_(True)
     rho2 = rho_squared(mu, F.softplus(raw), w)  # M-step for rho_j given the new w
@@ -330,7 +336,8 @@ def vem_client_update(msg, client, client_state, cfg, env):
         return Update(client.id, client.num("train"), None, metrics), new_state
     bgen = env.generator("base-heads", client.id, env.round)
     _train_base(model, client, lambda: sample_heads(mu, sigma, cfg.n_mc, bgen), cfg, env)
-    payload = {"base": _base_of(model, env), "mu": mu, "rho2": torch.tensor(rho2)}
+    # rho2 travels as a host scalar: the server reads it as a number (no device sync)
+    payload = {"base": _base_of(model, env), "mu": mu, "rho2": torch.tensor(rho2, device="cpu")}
     return Update(client.id, client.num("train"), payload, metrics), new_state
 
 
@@ -348,7 +355,7 @@ def map_client_update(msg, client, client_state, cfg, env):
     if not _reports(client, cfg, env):
         return Update(client.id, client.num("train"), None, metrics), {"mu": theta}
     _train_base(model, client, lambda: theta.unsqueeze(0), cfg, env)
-    payload = {"base": _base_of(model, env), "mu": theta, "rho2": torch.tensor(rho2)}
+    payload = {"base": _base_of(model, env), "mu": theta, "rho2": torch.tensor(rho2, device="cpu")}
     return Update(client.id, client.num("train"), payload, metrics), {"mu": theta}
 
 

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 ENV_ROOT = "PFLKIT_DATA"
+ENV_CACHE = "PFLKIT_CACHE"
+ENV_OFFLINE = "PFLKIT_OFFLINE"
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -52,6 +54,13 @@ class DatasetMeta:
         group_names: for each per-sample metadata key (``"domain"``, ``"speaker"``,
             ``"alphabet"``, ``"drawer"``), the name of each group id.
         source: where the arrays were read from (a path or a URL-less description).
+        files: provenance, one dict per file read: ``{"path": absolute path, "bytes": size,
+            "sha256": hex digest}``. A folder of many images or clips is one entry for the
+            folder instead: ``{"path", "files": count, "bytes": total size, "sha256": digest of
+            the sorted listing of (relative path, size)}`` (`pflkit.data.provenance`).
+        download: when the files came from a pflkit download, the note written then
+            (``{"urls": [...], "files": [{"url", "filename", "bytes", "sha256", "checksum"}], ...}``);
+            None otherwise.
     """
 
     name: str
@@ -64,6 +73,8 @@ class DatasetMeta:
     superclass_names: tuple[str, ...] | None = None
     group_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
     source: str = ""
+    files: tuple[dict, ...] = ()
+    download: dict | None = None
 
 
 class ImageFiles:
@@ -145,22 +156,44 @@ def to_float(x: torch.Tensor, meta: DatasetMeta) -> torch.Tensor:
     return (x.float().div_(255.0) - mean) / std
 
 
-def data_roots(root: str | os.PathLike | None = None) -> list[Path]:
+class DataRoots(list):
+    """Data roots in search order (a list of `Path`).
+
+    ``explicit`` is the caller's own root (``--data-root``) when one was given: it is
+    searched completely (full npz, subset npz, published layout) before any other root.
+    """
+
+    explicit: Path | None = None
+
+
+def cache_dir() -> Path:
+    """Where downloads land and the last data root: ``$PFLKIT_CACHE`` or ``~/.cache/pflkit/data``."""
+    env = os.environ.get(ENV_CACHE)
+    return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "pflkit" / "data"
+
+
+def offline() -> bool:
+    """True when ``$PFLKIT_OFFLINE`` is set to a true value (1, true, yes): no network attempt."""
+    return os.environ.get(ENV_OFFLINE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def data_roots(root: str | os.PathLike | None = None) -> DataRoots:
     """The folders searched for dataset files, in order.
 
-    ``root`` (``--data-root``) first, then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``.
+    ``root`` (``--data-root``) first, then ``$PFLKIT_DATA``, then the cache (`cache_dir`).
     """
     roots = []
     if root is not None:
-        roots.append(Path(root).expanduser())
+        roots.append(Path(root).expanduser().absolute())
     if os.environ.get(ENV_ROOT):
-        roots.append(Path(os.environ[ENV_ROOT]).expanduser())
-    roots.append(Path.home() / ".cache" / "pflkit" / "data")
-    seen, out = set(), []
+        roots.append(Path(os.environ[ENV_ROOT]).expanduser().absolute())
+    roots.append(cache_dir())
+    out = DataRoots()
     for r in roots:
-        if str(r) not in seen:
-            seen.add(str(r))
+        if r not in out:
             out.append(r)
+    if root is not None:
+        out.explicit = out[0]
     return out
 
 

@@ -1,12 +1,18 @@
 """The dataset registry: ``load_dataset(name)`` and the list of known names.
 
-Every dataset is found in the same order: an ``.npz`` in a data root (the schema
-of ``data/README.md``), then the dataset's published on-disk layout in a data
-root, then, with ``download=True`` and where torchvision can, a download into
-the first root. The data roots are ``root`` (``--data-root``), ``$PFLKIT_DATA``
-and ``~/.cache/pflkit/data`` (`pflkit.data.base.data_roots`). Anything missing
-ends in a `pflkit.data.base.DatasetNotFoundError` naming the dataset, every
-path searched and how to obtain it.
+Every dataset is found in the same order (`pflkit.data.sources.common.locate`):
+
+1. the explicit ``root`` (``--data-root``), completely: ``NAME.npz``, then the subset
+   npz (e.g. ``cifar10_small.npz``), then the published on-disk layout;
+2. the other data roots, ``$PFLKIT_DATA`` then the cache (``$PFLKIT_CACHE`` or
+   ``~/.cache/pflkit/data``): a full npz in any of them before a subset npz in any,
+   then the published layouts;
+3. only with ``download=True``: a download into the cache (`pflkit.data.download`:
+   published checksums, atomic install; ``$PFLKIT_OFFLINE=1`` forbids it).
+
+Anything missing ends in a `pflkit.data.base.DatasetNotFoundError` naming the
+dataset, every path searched and how to obtain it. Every loaded dataset records
+what it was read from in ``meta.source``, ``meta.files`` and ``meta.download``.
 """
 from __future__ import annotations
 
@@ -71,15 +77,17 @@ def load_dataset(name: str, root: str | Path | None = None, *, download: bool = 
     Args:
         name: one of `dataset_names()`.
         root: the data root searched first (``--data-root``).
-        download: allow a torchvision download into the first data root when no
-            copy is found (only where torchvision supports the dataset).
+        download: allow a download into the cache (`pflkit.data.base.cache_dir`) when no
+            copy is found, for datasets with a public source (`pflkit.data.download.RESOURCES`).
         **options: dataset-specific options (see `dataset_options(name)`), e.g.
             ``size`` for omniglot and the folder datasets, ``n_mels`` for audio.
 
     Raises:
         ValueError: unknown dataset name, or a bad option value.
         TypeError: an option the dataset does not have.
-        DatasetNotFoundError: the dataset is nowhere to be found (or the download failed).
+        DatasetNotFoundError: the dataset is nowhere to be found (or the download failed,
+            or ``$PFLKIT_OFFLINE`` forbids it).
+        pflkit.data.download.ChecksumError: a downloaded file does not match its published checksum.
     """
     loader = _loader(name)
     check_options(name, options, dataset_options(name))

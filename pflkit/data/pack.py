@@ -1,7 +1,7 @@
 """Write a dataset as one ``.npz`` file in the schema of ``data/README.md``.
 
 ``pack`` reads a dataset through its real loader (the published on-disk layout,
-or a torchvision download), never through an existing npz, and writes the
+or a download into the cache), never through an existing npz, and writes the
 arrays the loaders read back: images as uint8 (N, H, W) or (N, H, W, C), audio as
 int16 clips concatenated with their offsets, labels, groups and names. A user
 who downloaded a dataset once can so keep a single compact file (and copy it to
@@ -42,7 +42,7 @@ def pack(name: str, root: str | Path | None = None, out_path: str | Path | None 
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
         out_path: where to write; default ``<first data root>/<name>.npz``, the
             file `load_dataset` looks for first.
-        download: allow a torchvision download when no copy is found.
+        download: allow a download into the cache when no copy is found.
         size: side length for the images of the folder datasets (office_caltech10,
             domainnet, sun397), which are decoded and resized here; ignored otherwise.
         **options: reader options, e.g. ``sets`` for omniglot, ``classes`` for domainnet,

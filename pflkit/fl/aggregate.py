@@ -9,8 +9,12 @@ State = Mapping[str, torch.Tensor]
 
 
 def normalized_weights(weights: Sequence[float]) -> torch.Tensor:
-    """Weights as a float64 tensor summing to one; rejects empty or non-positive totals."""
-    w = torch.as_tensor(list(weights), dtype=torch.float64)
+    """Weights as a float64 CPU tensor summing to one; rejects empty or non-positive totals.
+
+    On the host on purpose: they are checked here, and each ``w_i`` enters the device math as
+    a 0-d CPU scalar, which costs no copy and no synchronization.
+    """
+    w = torch.as_tensor(list(weights), dtype=torch.float64, device="cpu")
     if w.numel() == 0:
         raise ValueError("aggregation needs at least one update")
     if (w < 0).any() or float(w.sum()) <= 0:
@@ -44,11 +48,11 @@ def masked_mean(values: Sequence[torch.Tensor], keep: Sequence[torch.Tensor], we
     Positions no client keeps take ``fallback`` (FedSelect Alg. 2: shared entries are
     averaged only over clients for which they are not personal).
     """
-    w = torch.as_tensor(list(weights), dtype=torch.float64)
+    w = torch.as_tensor(list(weights), dtype=torch.float64, device="cpu")  # 0-d scalars, as above
     num = torch.zeros_like(fallback, dtype=torch.float64)
     den = torch.zeros_like(fallback, dtype=torch.float64)
     for wi, v, k in zip(w, values, keep):
-        k = k.to(torch.float64)
+        k = k.to(device=fallback.device, dtype=torch.float64)  # masks may be kept on the host
         num += wi * k * v.double()
         den += wi * k
     out = torch.where(den > 0, num / den.clamp_min(1e-300), fallback.double())
@@ -57,7 +61,7 @@ def masked_mean(values: Sequence[torch.Tensor], keep: Sequence[torch.Tensor], we
 
 def precision_weighted_mean(means: Sequence[torch.Tensor], precisions: Sequence[float | torch.Tensor]) -> torch.Tensor:
     """sum_j tau_j mu_j / sum_j tau_j (pFedVEM Eq. 7)."""
-    tau = [torch.as_tensor(t, dtype=torch.float64) for t in precisions]
+    tau = [torch.as_tensor(t, dtype=torch.float64, device=means[0].device) for t in precisions]
     num = sum(t * m.double() for t, m in zip(tau, means))
     den = sum(tau)
     return (num / den).to(means[0].dtype)

@@ -53,12 +53,12 @@ class Client:
         return int(len(self.splits[split]))
 
     def labels(self, split: str = "train") -> torch.Tensor:
-        return self.y[torch.as_tensor(self.splits[split], dtype=torch.long)]
+        return self.y[torch.as_tensor(self.splits[split], dtype=torch.long, device=self.y.device)]
 
     def take(self, idx: np.ndarray, device=None, generator: torch.Generator | None = None,
              augment: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Float inputs and labels of pooled positions ``idx`` (optionally augmented)."""
-        t = torch.as_tensor(idx, dtype=torch.long)
+        t = torch.as_tensor(idx, dtype=torch.long, device=self.y.device)  # where the pooled data lives
         xb = self.x[t]
         xb = to_float(xb, self.meta)
         if augment and self.augment != "none":
@@ -78,7 +78,7 @@ class Client:
         """Mini-batches of a split; shuffled with ``generator`` when ``shuffle``."""
         idx = self.splits[split]
         if shuffle:
-            order = torch.randperm(len(idx), generator=generator).numpy()
+            order = torch.randperm(len(idx), generator=generator, device="cpu").numpy()  # host-side order
             idx = idx[order]
         stop = len(idx) - (len(idx) % batch_size if drop_last else 0)
         for s in range(0, stop, batch_size):
@@ -88,7 +88,7 @@ class Client:
                      augment: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch drawn without replacement (pFedHN-style local steps)."""
         idx = self.splits[split]
-        pick = torch.randperm(len(idx), generator=generator)[: min(batch_size, len(idx))].numpy()
+        pick = torch.randperm(len(idx), generator=generator, device="cpu")[: min(batch_size, len(idx))].numpy()
         return self.take(idx[pick], device, generator, augment)
 
     def histogram(self, split: str = "train") -> np.ndarray:
@@ -141,10 +141,9 @@ class Federation:
         arrays = {f"{c.id}/{s}": c.splits[s] for c in self.clients for s in SPLITS}
         arrays["__recipe__"] = np.array(json.dumps(self.recipe, default=str))
         arrays["__info__"] = np.array(json.dumps([c.info for c in self.clients], default=str))
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, **arrays)
-        os.replace(tmp, path)
+        from pflkit.io import atomic_write
+
+        atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike, dataset: Dataset) -> "Federation":

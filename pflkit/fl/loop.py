@@ -61,9 +61,9 @@ def sample_clients(clients: int | list[int], cfg: FLConfig, env: Env, round_inde
     gen = env.generator("sample", round_index)
     if cfg.sampling == "fraction":
         k = max(1, int(round(cfg.fraction * n)))
-        return sorted(ids[i] for i in torch.randperm(n, generator=gen)[:k].tolist())
+        return sorted(ids[i] for i in torch.randperm(n, generator=gen, device="cpu")[:k].tolist())
     while True:
-        picked = (torch.rand(n, generator=gen) < cfg.fraction).nonzero().flatten().tolist()
+        picked = (torch.rand(n, generator=gen, device="cpu") < cfg.fraction).nonzero().flatten().tolist()
         if picked:
             return [ids[i] for i in picked]
 
@@ -74,7 +74,7 @@ def eval_clients(clients: int | list[int], cfg: FLConfig, env: Env) -> list[int]
     if cfg.eval_clients == 0 or cfg.eval_clients >= len(ids):
         return ids
     gen = env.generator("eval-clients")
-    return sorted(ids[i] for i in torch.randperm(len(ids), generator=gen)[: cfg.eval_clients].tolist())
+    return sorted(ids[i] for i in torch.randperm(len(ids), generator=gen, device="cpu")[: cfg.eval_clients].tolist())
 
 
 def evaluate_clients(algo: Algorithm, state, client_states: dict, fed: Federation, ids, cfg, env: Env,
@@ -95,22 +95,63 @@ def summarize(per_client: dict[int, dict]) -> dict[str, float]:
     return {"acc": float(np.mean(accs)) if accs else math.nan, "loss": float(np.mean(losses)) if losses else math.nan}
 
 
+def nonfinite_paths(obj: Any, path: str = "state") -> list[str]:
+    """Where a (nested) state holds NaN or infinite floating-point values, e.g. ``state.model.bn1.running_var``."""
+    if isinstance(obj, torch.Tensor):
+        return [path] if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else []
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in nonfinite_paths(v, f"{path}.{k}")]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in nonfinite_paths(v, f"{path}[{i}]")]
+    if hasattr(obj, "__dataclass_fields__"):
+        return [p for f in obj.__dataclass_fields__ for p in nonfinite_paths(getattr(obj, f), f"{path}.{f}")]
+    return []
+
+
+def check_finite(obj: Any, what: str, when: str) -> None:
+    """Raise `Diverged` naming the first non-finite tensors of ``obj`` (weights, buffers, statistics)."""
+    bad = nonfinite_paths(obj, what)
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise Diverged(f"non-finite values in {', '.join(bad[:3])}{more} {when}")
+
+
+def missing_clients(per_client: dict[int, dict]) -> list[dict]:
+    """Clients without a finite test accuracy, each with the reason (no test samples, NaN)."""
+    out = []
+    for cid in sorted(per_client):
+        m = per_client[cid]
+        if m.get("n", 1) == 0:
+            out.append({"client": int(cid), "reason": "no test samples"})
+        elif m.get("acc") is None or not math.isfinite(float(m["acc"])):
+            out.append({"client": int(cid), "reason": f"test accuracy is {m.get('acc')}"})
+    return out
+
+
 def _score(cfg: FLConfig, val: dict | None, updates: list[Update]) -> float | None:
-    """Higher is better."""
+    """Higher is better; None when there is nothing to compare (no pass, or a NaN score)."""
     if cfg.select == "update_val_loss":
         vals = [(u.metrics["val_loss"], u.num_samples) for u in updates if "val_loss" in u.metrics]
         if not vals:
             return None
         w = sum(n for _, n in vals)
-        return -sum(v * n for v, n in vals) / w
+        score = -sum(v * n for v, n in vals) / w
+        return score if math.isfinite(score) else None
     if val is None:
         return None
-    return val["acc"] if cfg.select == "val_acc" else -val["loss"]
+    score = val["acc"] if cfg.select == "val_acc" else -val["loss"]
+    return score if math.isfinite(score) else None
 
 
 @dataclass
 class StageResult:
-    """What a training stage leaves: final (or best) state, per-client test metrics, history."""
+    """What a training stage leaves: final (or best) state, per-client test metrics, history.
+
+    ``status``: ``"ok"``; ``"diverged"`` (a non-finite loss, weight or buffer); ``"incomplete"`` (some
+    client has no test accuracy: ``missing`` lists ``{"client", "reason"}``).
+    """
 
     status: str
     state: Any
@@ -120,6 +161,7 @@ class StageResult:
     best_round: int | None = None
     seconds: float = 0.0
     error: str = ""
+    missing: list[dict] = field(default_factory=list)
 
     @property
     def summary(self) -> dict[str, float]:
@@ -143,7 +185,9 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         desc: progress-bar label (None: no bar).
 
     Returns:
-        A `StageResult`; ``status`` is ``"diverged"`` when a loss became non-finite.
+        A `StageResult`; ``status`` is ``"diverged"`` when a loss, a weight or a buffer of the
+        server state became non-finite (checked after every aggregation and, with the client
+        states, at the end), ``"incomplete"`` when a client has no finite test accuracy.
     """
     check_config(algo, cfg)
     t0 = time.perf_counter()
@@ -151,11 +195,13 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     client_states: dict[int, Any] = {}
     history: list[dict] = []
     best: tuple[float, int, Any, dict] | None = None
-    start = 0
+    start, earlier = 0, 0.0
     if resume and checkpoint is not None and os.path.exists(checkpoint):
         ck = load_torch(checkpoint)
         start, state, client_states, history, best = ck["round"], ck["state"], ck["client_states"], ck["history"], ck["best"]
+        earlier = float(ck.get("seconds", 0.0))  # time spent before the stop counts in the stage's seconds
         log.info("resumed %s at round %d from %s", algo.name, start, checkpoint)
+    t0 -= earlier
     val_ids = eval_clients(fed.seen_ids, cfg, env)
     bar = tqdm(range(start, cfg.rounds), desc=desc, initial=start, total=cfg.rounds, disable=desc is None or None)
     try:
@@ -171,6 +217,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
                 down, up = down + nbytes(msg), up + nbytes(upd.payload)
                 updates.append(upd)
             state = algo.aggregate(state, updates, cfg, env)
+            check_finite(state, "state", f"after the aggregation of round {t + 1}")
             n = sum(u.num_samples for u in updates) or 1
             losses = [u.metrics["loss"] * u.num_samples for u in updates if "loss" in u.metrics]
             row = {"round": t + 1, "clients": len(ids), "train_loss": sum(losses) / n if losses else None,
@@ -185,7 +232,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
                 val = summarize(evaluate_clients(algo, state, client_states, fed, val_ids, cfg, env, "val"))
                 row.update({"val_acc": val["acc"], "val_loss": val["loss"]})
             score = _score(cfg, val, updates)
-            if cfg.keep_best and score is not None and (best is None or score > best[0]):
+            if cfg.keep_best and score is not None and (best is None or score > best[0]):  # never NaN
                 best = (score, t + 1, copy.deepcopy(state), copy.deepcopy(client_states))
             row["seconds"] = time.perf_counter() - tr
             history.append(row)
@@ -195,7 +242,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
             if checkpoint is not None and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.rounds):
                 save_torch(checkpoint, {"round": t + 1, "state": state, "client_states": client_states,
                                         "history": history, "best": best, "algorithm": algo.name,
-                                        "config": to_dict(cfg)})
+                                        "config": to_dict(cfg), "seconds": time.perf_counter() - t0})
     except Diverged as e:
         log.warning("%s diverged: %s", algo.name, e)
         return StageResult("diverged", state, client_states, history, seconds=time.perf_counter() - t0, error=str(e))
@@ -205,11 +252,16 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     if cfg.keep_best and best is not None:
         _, best_round, state, client_states = best
     result = StageResult("ok", state, client_states, history, best_round=best_round)
-    if test:
-        try:
+    try:
+        check_finite(client_states, "client_states", "at the end of the stage")
+        if test:
             result.per_client = evaluate_clients(algo, state, client_states, fed, range(fed.num_clients), cfg, env,
                                                  "test", desc=None if desc is None else f"{desc}: test")
-        except Diverged as e:
-            result.status, result.error = "diverged", str(e)
+            result.missing = missing_clients(result.per_client)
+            if result.missing:
+                result.status = "incomplete"
+                result.error = f"{len(result.missing)} client(s) without a test accuracy"
+    except Diverged as e:
+        result.status, result.error = "diverged", str(e)
     result.seconds = time.perf_counter() - t0
     return result

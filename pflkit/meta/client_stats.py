@@ -91,9 +91,10 @@ def layer_input_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> torc
 
     def hook_for(k):
         def hook(module, inputs, output):
+            # float64 sums kept on the input's device: no host round trip per layer and batch
             x = inputs[0].detach().double()
-            sums[k][0] += float(x.sum())
-            sums[k][1] += float((x * x).sum())
+            sums[k][0] = sums[k][0] + x.sum()
+            sums[k][1] = sums[k][1] + (x * x).sum()
             sums[k][2] += x.numel()
         return hook
 
@@ -118,9 +119,14 @@ def layer_input_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> torc
         if n == 0:
             raise ValueError(f"layer_input_stats: layer {k} ({type(layers[k]).__name__}) saw no input")
         mean = s / n
-        var = max(ss - n * mean * mean, 0.0) / max(n - 1, 1)
-        out += [mean, var ** 0.5]
-    return torch.tensor(out, dtype=torch.float32)
+        var = (ss - n * mean * mean).clamp_min(0.0) / max(n - 1, 1)
+        out += [mean, var.sqrt()]
+    return torch.stack(out).float() if out else torch.zeros(0, device=_device_of(model))
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the model's tensors live (the CPU for a model without any)."""
+    return next(model.parameters(), torch.empty(0, device="cpu")).device
 
 
 @dataclass
@@ -150,5 +156,5 @@ def client_stats(model: nn.Module, batches_fn) -> ClientStats:
         stats = init_client_stats(model, batches_fn())
         xi = bn_divergence(stats, pretrained_bn_stats(model), eps=[m.eps for m in mixed_bn_layers(model)])
     else:
-        stats, xi = [], torch.zeros(0)
+        stats, xi = [], torch.zeros(0, device=_device_of(model))
     return ClientStats(xi=xi, features=layer_input_stats(model, batches_fn()), bn_stats=stats)

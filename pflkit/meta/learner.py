@@ -193,13 +193,13 @@ def meta_learn(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, env, where
         beta, eta = hyperparams(ctx, lam)
     metrics["beta_mean"] = float(beta.mean()) if isinstance(beta, torch.Tensor) else float(beta or 0.0)
     metrics["sparsity"] = sparsity(ctx, eta)
-    return {k: v.cpu() for k, v in lam.items()}, metrics
+    return lam, metrics  # on the run's device, as the server keeps it
 
 
 def sparsity(ctx: ClientContext, eta: torch.Tensor) -> float:
     """Share of the model's parameters whose learning rate is 0 (FedL2P sec. 4.2, footnote 6)."""
-    sizes = torch.tensor([p.numel() for p in ctx.params.values()], dtype=torch.float64)
-    return float((sizes * (eta.detach().cpu() == 0)).sum() / sizes.sum())
+    sizes = torch.tensor([p.numel() for p in ctx.params.values()], dtype=torch.float64, device=eta.device)
+    return float((sizes * (eta.detach() == 0)).sum() / sizes.sum())
 
 
 def personalize(weights: dict, lam: dict[str, torch.Tensor], client: Client, cfg, env):

@@ -143,8 +143,13 @@ def group_of(key: str) -> str:
     return group
 
 
-def init_meta_params(spec: MetaSpec, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    """lambda = {w_bn, w_lr, eta_tilde} at their App. D/E initial values (Alg. 1 line 1)."""
+def init_meta_params(spec: MetaSpec, generator: torch.Generator | None = None,
+                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """lambda = {w_bn, w_lr, eta_tilde} at their App. D/E initial values (Alg. 1 line 1).
+
+    Drawn on the CPU (a CPU ``generator`` gives the same lambda on every device), then moved
+    once to ``device``, where the server keeps it.
+    """
     lam: dict[str, torch.Tensor] = {}
     if spec.use_bnnet:
         net = bnnet(spec.num_bn, hidden=spec.hidden, gain=spec.gain, bias_init=spec.bn_bias, generator=generator)
@@ -153,8 +158,8 @@ def init_meta_params(spec: MetaSpec, generator: torch.Generator | None = None) -
         net = lrnet(spec.num_layers, spec.num_tensors, hidden=spec.hidden, gain=spec.gain, bias_init=spec.lr_bias,
                     max_value=spec.lr_max, generator=generator)
         lam.update({f"lrnet.{k}": v.detach().clone() for k, v in net.state_dict().items()})
-        lam["eta_tilde"] = torch.full((spec.num_tensors,), float(spec.fixed_lr))
-    return lam
+        lam["eta_tilde"] = torch.full((spec.num_tensors,), float(spec.fixed_lr), device="cpu")
+    return {k: v.to(device) for k, v in lam.items()}
 
 
 def meta_hyperparams(spec: MetaSpec, nets: dict[str, MetaNet], lam: dict[str, torch.Tensor], xi: torch.Tensor | None,
@@ -183,5 +188,6 @@ def meta_hyperparams(spec: MetaSpec, nets: dict[str, MetaNet], lam: dict[str, to
         params = {k[len("lrnet."):]: v for k, v in lam.items() if k.startswith("lrnet.")}
         eta = functional_call(nets["lrnet"], params, (features.reshape(1, -1),)).reshape(-1) * lam["eta_tilde"]
     else:
-        eta = torch.full((spec.num_tensors,), float(spec.fixed_lr))
+        like = features if features is not None else xi
+        eta = torch.full((spec.num_tensors,), float(spec.fixed_lr), device=None if like is None else like.device)
     return beta, eta

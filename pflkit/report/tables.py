@@ -7,8 +7,9 @@ import pandas as pd
 
 
 def _cell(mean, std, status) -> str:
+    """``mean±std``; a method that is not ``ok`` shows its status (``diverged``, ``incomplete``), never a number."""
     if status != "ok" or mean is None:
-        return "diverge"
+        return status if status != "ok" else "missing"
     return f"{mean:.2f}±{std:.2f}"
 
 
@@ -38,6 +39,9 @@ def format_table(results: dict, columns: Iterable[str] = ("method", "ours", "pap
     """A plain-text table for terminals and notes, headed by experiment and preset."""
     df = results_table(results)
     head = f"{df.attrs.get('experiment')} ({df.attrs.get('title') or ''}) - preset {df.attrs.get('preset')}"
+    data = results.get("data")
+    if data:  # the dataset really read, beside the title that names the paper's
+        head += f"\ndata: {data.get('name')} ({data.get('source')})"
     note = "accuracy: mean over clients of per-client test accuracy (%), ± std over seeds"
     return f"{head}\n{df[list(columns)].to_string(index=False)}\n{note}"
 

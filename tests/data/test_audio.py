@@ -14,14 +14,16 @@ from pflkit.data.base import DatasetNotFoundError
 from pflkit.data.datasets import load_dataset
 from pflkit.data.sources.logmel import log_mel_spectrogram, mel_filterbank
 
-SHARED = Path(os.environ.get("PFLKIT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+SHARED = Path(os.environ.get("PFLKIT_DATA") or "/nonexistent-pflkit-data")  # CI sets $PFLKIT_DATA
 
 
 @pytest.fixture(autouse=True)
 def isolated_roots(tmp_path, monkeypatch):
-    """No user cache or $PFLKIT_DATA may leak into these tests."""
+    """No user cache or $PFLKIT_DATA may leak into these tests, and none may reach the network."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("PFLKIT_DATA", raising=False)
+    monkeypatch.delenv("PFLKIT_CACHE", raising=False)
+    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
 
 
 # ---------------------------------------------------------------- independent reference
@@ -183,9 +185,9 @@ def test_speech_commands_folder(tmp_path):
 def test_missing_audio_datasets_name_the_searched_paths(tmp_path):
     for name, folder in (("fsdd", "recordings"), ("speech_commands", "speech_commands_v0.02")):
         with pytest.raises(DatasetNotFoundError) as err:
-            load_dataset(name, tmp_path, download=True)
+            load_dataset(name, tmp_path, download=True)  # PFLKIT_OFFLINE=1 (fixture): no network attempt
         msg = str(err.value)
-        assert repr(name) in msg and str(tmp_path / folder) in msg and "cannot download" in msg
+        assert repr(name) in msg and str(tmp_path / folder) in msg and "downloads are disabled" in msg
 
 
 @pytest.mark.skipif(not (SHARED / "fsdd.npz").is_file(), reason=f"shared FSDD npz not found in {SHARED}")

@@ -19,16 +19,18 @@ from pflkit.data.base import DatasetNotFoundError, to_float
 from pflkit.data.datasets import DATASETS, dataset_names, dataset_options, load_dataset
 from pflkit.data.pack import pack
 
-SHARED = Path(os.environ.get("PFLKIT_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared offline data not found in {SHARED}")
+SHARED = Path(os.environ.get("PFLKIT_DATA") or "/nonexistent-pflkit-data")  # CI sets $PFLKIT_DATA
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="no offline data folder: set $PFLKIT_DATA")
 RNG = np.random.default_rng(0)
 
 
 @pytest.fixture(autouse=True)
 def isolated_roots(tmp_path, monkeypatch):
-    """No user cache or $PFLKIT_DATA may leak into these tests."""
+    """No user cache or $PFLKIT_DATA may leak into these tests, and none may reach the network."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("PFLKIT_DATA", raising=False)
+    monkeypatch.delenv("PFLKIT_CACHE", raising=False)
+    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
 
 
 def images(n, h, w, c=None):
@@ -284,18 +286,22 @@ def test_shared_omniglot_and_digit_domains():
     assert "mnist_m_small.npz (subset)" in dd.meta.source
 
 
-def test_full_npz_is_preferred_over_subset(tmp_path, monkeypatch):
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir(), b.mkdir()
+def test_explicit_root_wins_then_full_before_subset(tmp_path, monkeypatch):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (a, b, c):
+        d.mkdir()
     small = dict(x_train=images(4, 32, 32, 3), y_train=np.arange(4), x_test=images(2, 32, 32, 3), y_test=np.arange(2))
     full = dict(small, x_train=images(7, 32, 32, 3), y_train=np.arange(7))
     np.savez(a / "cifar10_small.npz", **small)
     np.savez(b / "cifar10.npz", **full)
-    with monkeypatch.context() as m:
-        m.setenv("PFLKIT_DATA", str(b))
-        assert len(load_dataset("cifar10", a).y_train) == 7  # full copy in the second root beats the subset
-    ds = load_dataset("cifar10", a)
-    assert len(ds.y_train) == 4 and ds.meta.source.endswith("(subset)")
+    np.savez(c / "cifar10_small.npz", **small)
+    monkeypatch.setenv("PFLKIT_DATA", str(b))
+    ds = load_dataset("cifar10", a)  # the explicit root's subset beats a full copy in $PFLKIT_DATA
+    assert len(ds.y_train) == 4 and ds.meta.source == f"{a / 'cifar10_small.npz'} (subset)"
+    # without an explicit root: a full copy in any root beats a subset in an earlier one
+    monkeypatch.setenv("PFLKIT_DATA", str(c))
+    monkeypatch.setenv("PFLKIT_CACHE", str(b))
+    assert load_dataset("cifar10").meta.source == str(b / "cifar10.npz")
 
 
 def test_missing_dataset_error_lists_searched_paths(tmp_path):
@@ -305,8 +311,8 @@ def test_missing_dataset_error_lists_searched_paths(tmp_path):
     assert "'mnist'" in msg and str(tmp_path / "mnist.npz") in msg and str(tmp_path / "MNIST" / "raw") in msg
     assert str(Path(os.environ["HOME"]) / ".cache" / "pflkit" / "data" / "mnist.npz") in msg
     assert "download=True" in msg and err.value.name == "mnist"
-    with pytest.raises(DatasetNotFoundError, match="cannot download 'mnist_m'"):
-        load_dataset("mnist_m", tmp_path, download=True)
+    with pytest.raises(DatasetNotFoundError, match="cannot download 'office_caltech10'"):
+        load_dataset("office_caltech10", tmp_path, download=True)  # no public source to download from
     make_mnist_m(tmp_path)
     (tmp_path / "mnist_m" / "mnist_m_test" / "00000001.png").unlink()  # listed in the labels file, now missing
     with pytest.raises(DatasetNotFoundError, match="incomplete.*00000001.png"):
@@ -319,6 +325,7 @@ def test_offline_download_ends_in_clear_error(tmp_path, monkeypatch, name):
         raise socket.gaierror(-2, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", offline)  # no network, whatever machine runs the test
+    monkeypatch.delenv("PFLKIT_OFFLINE")  # let the download be tried (and fail on the name lookup)
     with pytest.raises(DatasetNotFoundError) as err:
         load_dataset(name, tmp_path, download=True)
     assert f"{name!r}" in str(err.value) and "download into" in str(err.value) and str(tmp_path) in str(err.value)

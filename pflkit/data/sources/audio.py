@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from ..base import Dataset, DatasetMeta, data_roots
-from .common import Found, check_positive_int, first_match, names_array, resolve
+from ..download import fetcher
+from ..provenance import file_record, folder_record
+from .common import Found, check_labels, check_positive_int, first_match, names_array, resolve
 from .logmel import log_mel_spectrogram, mel_filterbank  # noqa: F401  (re-exported)
 
 FSDD_RATE = 8000
@@ -35,8 +37,8 @@ SC_SILENCE_SEED = 0
 SC_SILENCE_FRACTION = 0.1  # of the 1 s noise chunks, to validation and to test each (as for the words)
 
 HOW_SC = (
-    "Download speech_commands_v0.02.tar.gz (http://download.tensorflow.org/data/speech_commands_v0.02.tar.gz, "
-    "Warden 2018) and extract it into <data root>/speech_commands_v0.02/ (torchaudio's "
+    "Extract speech_commands_v0.02.tar.gz (http://download.tensorflow.org/data/speech_commands_v0.02.tar.gz, "
+    "Warden 2018) into <data root>/speech_commands_v0.02/ (torchaudio's "
     "SpeechCommands/speech_commands_v0.02/ also works), or put speech_commands.npz there."
 )
 HOW_FSDD = (
@@ -131,6 +133,7 @@ def audio_dataset(name: str, found: Found, y: np.ndarray, is_test: np.ndarray, c
                   feature_options: dict) -> Dataset:
     """Standardized log-mel `Dataset` from raw-audio arrays and per-clip labels / groups."""
     a = found.arrays
+    check_labels(name, found.source, len(class_names), labels=y)
     rate = int(a["sample_rate"])
     train, test = np.flatnonzero(~is_test), np.flatnonzero(is_test)
     x_train = clip_features(a["audio"], a["offsets"], train, rate, **feature_options)
@@ -143,7 +146,7 @@ def audio_dataset(name: str, found: Found, y: np.ndarray, is_test: np.ndarray, c
         name=name, num_classes=len(class_names), class_names=tuple(class_names),
         input_shape=tuple(x_train.shape[1:]), mean=(0.0,), std=(1.0,),
         group_names={k: tuple(str(n) for n in v) for k, v in group_names.items()},
-        source=f"{found.source}; log-mel {feature_options}",
+        source=f"{found.source}; log-mel {feature_options}", files=found.files, download=found.download,
     )
     y = np.asarray(y, np.int64)
     return Dataset(meta, x_train, torch.from_numpy(y[train]), x_test, torch.from_numpy(y[test]),
@@ -180,10 +183,12 @@ def _fsdd_folder_ok(p: Path) -> bool:
 
 
 def read_fsdd(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True) -> Found:
-    """FSDD raw-audio arrays: ``fsdd.npz``, else a ``recordings/`` folder of wavs."""
+    """FSDD raw-audio arrays: ``fsdd.npz``, else a ``recordings/`` folder of wavs, else a download
+    of the GitHub archive at a fixed tag (`pflkit.data.download.RESOURCES`) into the cache."""
     rels = ("free-spoken-digit-dataset/recordings", "free-spoken-digit-dataset-master/recordings", "recordings")
     return resolve("fsdd", roots, npz_files=("fsdd.npz",), find_raw=lambda rs: first_match(rs, rels, _fsdd_folder_ok),
-                   read_raw=_read_fsdd_folder, how=HOW_FSDD, fetch=None, download=download, use_npz=use_npz)
+                   read_raw=_read_fsdd_folder, how=HOW_FSDD, fetch=fetcher("fsdd"), download=download,
+                   use_npz=use_npz, files_of=lambda f: [folder_record(f, (".wav",))])
 
 
 def load_fsdd(root=None, *, download: bool = False, duration: float = 1.0, n_mels: int = 40,
@@ -196,7 +201,8 @@ def load_fsdd(root=None, *, download: bool = False, duration: float = 1.0, n_mel
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: no automatic download exists; True only changes the error message.
+        download: download the archive (GitHub tag, no published checksum) into the cache
+            when no copy is found.
         duration: seconds each clip is cut (keeping its middle) or zero-padded to.
         n_mels: number of mel filters.
         win_ms, hop_ms: STFT window and hop in milliseconds.
@@ -264,7 +270,8 @@ def read_speech_commands(roots: Sequence[Path], *, download: bool = False, use_n
     ok = lambda p: p.is_dir() and all((p / f).is_file() for f in SC_LISTS)  # noqa: E731
     return resolve("speech_commands", roots, npz_files=("speech_commands.npz",),
                    find_raw=lambda rs: first_match(rs, rels, ok), read_raw=_read_sc_folder, how=HOW_SC,
-                   fetch=None, download=download, use_npz=use_npz)
+                   fetch=fetcher("speech_commands"), download=download, use_npz=use_npz,
+                   files_of=lambda f: [folder_record(f, (".wav",)), *(file_record(f / n) for n in SC_LISTS)])
 
 
 def load_speech_commands(root=None, *, download: bool = False, duration: float = 1.0, n_mels: int = 40,
@@ -283,8 +290,8 @@ def load_speech_commands(root=None, *, download: bool = False, duration: float =
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: no automatic download exists (torchaudio is not a dependency);
-            True only changes the error message.
+        download: download speech_commands_v0.02.tar.gz (about 2.3 GB) into the cache when
+            no copy is found.
         duration: seconds each clip is cut (keeping its middle) or zero-padded to.
         n_mels: number of mel filters.
         win_ms, hop_ms: STFT window and hop in milliseconds.

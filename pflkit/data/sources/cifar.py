@@ -1,9 +1,10 @@
 """CIFAR-10 and CIFAR-100 (Krizhevsky 2009) from the python pickles or an npz.
 
-Published layout (also what torchvision downloads and extracts):
+Published layout (what the python archives extract to; ``download=True`` fetches
+them into the cache with their published md5, `pflkit.data.download`):
 ``cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}`` and
-``cifar-100-python/{train, test, meta}``. The pickles are the user's own
-files, read exactly as torchvision reads them.
+``cifar-100-python/{train, test, meta}``. The pickles hold only lists, bytes and
+numpy arrays; they are read as torchvision reads them.
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Sequence
 import numpy as np
 
 from ..base import Dataset, data_roots
-from .common import Found, first_match, has_files, image_dataset, names_array, resolve, to_nchw
+from ..download import fetcher
+from .common import (Found, first_match, has_files, image_dataset, names_array, provenance, records_of, resolve,
+                     to_nchw)
 
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR100_DIR = "cifar-100-python"
@@ -25,16 +28,12 @@ CIFAR10_VEHICLES = ("airplane", "automobile", "ship", "truck")
 CIFAR10_SUPER_NAMES = ("vehicle", "animal")
 
 HOW_CIFAR10 = (
-    "Call load_dataset('cifar10', download=True) on a machine with internet (torchvision downloads "
-    "cifar-10-python.tar.gz into the first data root), or extract that archive from "
-    "https://www.cs.toronto.edu/~kriz/cifar.html into a data root so that cifar-10-batches-py/ is inside it, "
-    "or put cifar10.npz (written by `pflkit data pack cifar10`) there."
+    "Extract cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html into a data root so that "
+    "cifar-10-batches-py/ is inside it, or put cifar10.npz (written by `pflkit data pack cifar10`) there."
 )
 HOW_CIFAR100 = (
-    "Call load_dataset('cifar100', download=True) on a machine with internet (torchvision downloads "
-    "cifar-100-python.tar.gz into the first data root), or extract that archive from "
-    "https://www.cs.toronto.edu/~kriz/cifar.html into a data root so that cifar-100-python/ is inside it, "
-    "or put cifar100.npz (written by `pflkit data pack cifar100`) there."
+    "Extract cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html into a data root so that "
+    "cifar-100-python/ is inside it, or put cifar100.npz (written by `pflkit data pack cifar100`) there."
 )
 
 
@@ -87,21 +86,13 @@ def _fine_to_coarse(fine: np.ndarray, coarse: np.ndarray, num_fine: int) -> np.n
     return out
 
 
-def _fetch(cls_name: str):
-    def fetch(target: Path) -> None:
-        import torchvision  # imported lazily: only downloads need it
-
-        getattr(torchvision.datasets, cls_name)(root=str(target), train=True, download=True)
-
-    return fetch
-
-
 def read_cifar10(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True) -> Found:
     """CIFAR-10 arrays: ``cifar10.npz``, else ``cifar10_small.npz``, else the pickles, else a download."""
     return resolve(
         "cifar10", roots, npz_files=("cifar10.npz", "cifar10_small.npz"),
         find_raw=lambda rs: first_match(rs, (CIFAR10_DIR,), has_files(*CIFAR10_TRAIN, "test_batch", "batches.meta")),
-        read_raw=_read_cifar10_folder, how=HOW_CIFAR10, fetch=_fetch("CIFAR10"), download=download, use_npz=use_npz,
+        read_raw=_read_cifar10_folder, how=HOW_CIFAR10, fetch=fetcher("cifar10"), download=download, use_npz=use_npz,
+        files_of=records_of(*CIFAR10_TRAIN, "test_batch", "batches.meta"),
     )
 
 
@@ -110,7 +101,8 @@ def read_cifar100(roots: Sequence[Path], *, download: bool = False, use_npz: boo
     return resolve(
         "cifar100", roots, npz_files=("cifar100.npz",),
         find_raw=lambda rs: first_match(rs, (CIFAR100_DIR,), has_files("train", "test", "meta")),
-        read_raw=_read_cifar100_folder, how=HOW_CIFAR100, fetch=_fetch("CIFAR100"), download=download, use_npz=use_npz,
+        read_raw=_read_cifar100_folder, how=HOW_CIFAR100, fetch=fetcher("cifar100"), download=download,
+        use_npz=use_npz, files_of=records_of("train", "test", "meta"),
     )
 
 
@@ -119,7 +111,7 @@ def load_cifar10(root=None, *, download: bool = False) -> Dataset:
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: let torchvision download the archive when no copy is found.
+        download: download the archive into the cache when no copy is found.
     """
     found = read_cifar10(data_roots(root), download=download)
     a = found.arrays
@@ -128,7 +120,7 @@ def load_cifar10(root=None, *, download: bool = False) -> Dataset:
     superclass = [0 if c in CIFAR10_VEHICLES else 1 for c in classes]
     return image_dataset(
         "cifar10", to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
-        class_names=classes, source=found.source, superclass=superclass, superclass_names=CIFAR10_SUPER_NAMES,
+        class_names=classes, **provenance(found), superclass=superclass, superclass_names=CIFAR10_SUPER_NAMES,
     )
 
 
@@ -137,7 +129,7 @@ def load_cifar100(root=None, *, download: bool = False) -> Dataset:
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: let torchvision download the archive when no copy is found.
+        download: download the archive into the cache when no copy is found.
     """
     found = read_cifar100(data_roots(root), download=download)
     a = found.arrays
@@ -145,7 +137,7 @@ def load_cifar100(root=None, *, download: bool = False) -> Dataset:
     has_super = "superclass" in a and "superclass_names" in a
     return image_dataset(
         "cifar100", to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
-        class_names=classes, source=found.source,
+        class_names=classes, **provenance(found),
         superclass=a["superclass"] if has_super else None,
         superclass_names=_decode(a["superclass_names"]) if has_super else None,
     )

@@ -37,7 +37,7 @@ def load_cifar10c(root=None, *, download: bool = False, severity: int = 3,
 
     Args:
         root: data root searched first for CIFAR-10 (then ``$PFLKIT_DATA``, ``~/.cache/pflkit/data``).
-        download: let torchvision download CIFAR-10 when no copy is found.
+        download: download CIFAR-10 into the cache when no copy is found.
         severity: corruption severity 1-5 (FedL2P: 3).
         corruptions: which corruptions, in this order (= group ids); default FedL2P's ten.
         per_corruption: if given, the first ``min(per_corruption, N)`` images of a seeded
@@ -65,6 +65,7 @@ def load_cifar10c(root=None, *, download: bool = False, severity: int = 3,
     return image_dataset(
         "cifar10c", to_nchw(images), np.tile(y, len(corruptions)), to_nchw(empty_x), np.zeros(0, np.int64),
         class_names=classes, source=f"{found.source} corrupted by pflkit (severity {severity}, seed {seed})",
+        files=found.files, download=found.download,
         groups_train={"corruption": groups}, groups_test={"corruption": np.zeros(0, np.int64)},
         group_names={"corruption": corruptions}, stats=channel_stats(to_nchw(np.asarray(a["x_train"]))),
     )

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..base import Dataset, DatasetMeta, DatasetNotFoundError, ImageFiles
+from ..base import ENV_OFFLINE, Dataset, DatasetMeta, DatasetNotFoundError, ImageFiles, cache_dir, offline
+from ..provenance import file_record, folder_record, read_note
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +33,26 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 @dataclass
 class Found:
-    """Arrays of one dataset in its ``.npz`` schema, and where they came from."""
+    """Arrays of one dataset in its ``.npz`` schema, and where they came from.
+
+    Attributes:
+        arrays: the arrays, in the npz schema of ``data/README.md``.
+        source: a path (``meta.source``), ``" (subset)"`` appended for subset npz files.
+        files: provenance records of the files read (`pflkit.data.provenance`).
+        download: the download note when the files came from a pflkit download, else None.
+    """
 
     arrays: dict[str, np.ndarray]
     source: str
+    files: tuple[dict, ...] = ()
+    download: dict | None = None
 
 
 def find_npz(roots: Sequence[Path], files: Sequence[str]) -> tuple[Path | None, list[Path]]:
     """The first existing ``root / file``, trying every root for a file before the next file.
 
-    ``files`` lists the full file before its subset, so a full copy anywhere
-    wins over a subset.
+    ``files`` lists the full file before its subset, so among these roots a full
+    copy anywhere wins over a subset.
     """
     searched = []
     for name in files:
@@ -52,6 +62,14 @@ def find_npz(roots: Sequence[Path], files: Sequence[str]) -> tuple[Path | None, 
             if path.is_file():
                 return path, searched
     return None, searched
+
+
+def root_groups(roots: Sequence[Path]) -> list[list[Path]]:
+    """Roots searched as units: the explicit root alone (`DataRoots.explicit`), then the others together."""
+    explicit = getattr(roots, "explicit", None)
+    if explicit is None:
+        return [list(roots)]
+    return [[explicit], [r for r in roots if r != explicit]]
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -84,6 +102,32 @@ def has_files(*names: str) -> Callable[[Path], bool]:
     return lambda p: p.is_dir() and all((p / n).exists() for n in names)
 
 
+def records_of(*names: str) -> Callable[[Path], list[dict]]:
+    """``folder -> provenance records`` of the named files inside it."""
+    return lambda folder: [file_record(folder / n) for n in names]
+
+
+def locate(roots, npz_files, find_raw, use_npz) -> tuple[str | None, Path | None, list[Path]]:
+    """Where a dataset is: ``("npz" | "raw" | None, path, every path searched)``.
+
+    The explicit root (``--data-root``) is searched completely first, full npz, subset
+    npz, then the published layout; then the other roots, full npz anywhere before a
+    subset anywhere, then the layouts.
+    """
+    searched: list[Path] = []
+    for group in root_groups(roots):
+        if use_npz:
+            path, tried = find_npz(group, npz_files)
+            searched += tried
+            if path is not None:
+                return "npz", path, searched
+        folder, tried = find_raw(group)
+        searched += tried
+        if folder is not None:
+            return "raw", folder, searched
+    return None, None, searched
+
+
 def resolve(
     name: str,
     roots: Sequence[Path],
@@ -92,11 +136,12 @@ def resolve(
     find_raw: Callable[[Sequence[Path]], tuple[Path | None, list[Path]]],
     read_raw: Callable[[Path], dict[str, np.ndarray]],
     how: str,
-    fetch: Callable[[Path], None] | None = None,
+    fetch: Callable[[Path], Path] | None = None,
     download: bool = False,
     use_npz: bool = True,
+    files_of: Callable[[Path], list[dict]] | None = None,
 ) -> Found:
-    """Find a dataset: an npz in a root, else its published layout, else a download.
+    """Find a dataset: an npz or the published layout in a root (`locate`), else a download.
 
     Args:
         name: registry name, used in error messages.
@@ -104,46 +149,68 @@ def resolve(
         npz_files: npz file names to look for, full dataset first.
         find_raw: ``roots -> (folder or None, searched paths)`` for the published layout.
         read_raw: ``folder -> arrays`` in the npz schema.
-        how: how a user obtains the dataset (goes into the error message).
-        fetch: downloads into a root (torchvision), or None if pflkit cannot.
+        how: how a user obtains the dataset by hand (goes into the error message).
+        fetch: ``cache -> folder``, downloads into the cache (`pflkit.data.download.fetcher`),
+            or None if pflkit cannot download the dataset.
         download: whether to call ``fetch`` when nothing is found.
         use_npz: False when packing, so the real loader is used.
+        files_of: ``folder -> provenance records`` of what ``read_raw`` reads; default one
+            `folder_record` for the whole folder.
 
     Raises:
-        DatasetNotFoundError: nothing found and no successful download.
+        DatasetNotFoundError: nothing found and no successful download (also when
+            ``$PFLKIT_OFFLINE`` forbids downloading).
+        pflkit.data.download.ChecksumError: a downloaded file is corrupt (one line, not wrapped).
     """
-    searched: list[Path] = []
-    if use_npz:
-        path, tried = find_npz(roots, npz_files)
-        searched += tried
-        if path is not None:
-            log.info("%s: reading %s", name, path)
-            try:
-                return Found(read_npz(path), npz_source(path))
-            except (OSError, ValueError, zipfile.BadZipFile) as exc:
-                raise ValueError(f"{name}: {path} is not a readable npz file ({type(exc).__name__}: {exc})") from exc
-    folder, tried = find_raw(roots)
-    searched += tried
-    if folder is None and download:
-        folder = _download(name, roots, searched, how, fetch, find_raw)
-    if folder is None:
-        raise DatasetNotFoundError(name, searched, how)
-    log.info("%s: reading %s", name, folder)
+    kind, path, searched = locate(roots, npz_files, find_raw, use_npz)
+    if kind == "npz":
+        return read_npz_found(name, path)
+    if kind is None:
+        if not download:
+            raise DatasetNotFoundError(name, searched, f"{how} {download_hint(name, fetch)}")
+        path = _download(name, searched, how, fetch, find_raw)
+    log.info("%s: reading %s", name, path)
     try:
-        return Found(read_raw(folder), str(folder))
+        arrays = read_raw(path)
     except FileNotFoundError as exc:  # a file the layout lists is missing: the copy is incomplete
-        raise DatasetNotFoundError(name, [folder], f"{folder} is incomplete ({exc}). {how}") from exc
+        raise DatasetNotFoundError(name, [path], f"{path} is incomplete ({exc}). {how}") from exc
+    files = files_of(path) if files_of is not None else [folder_record(path)]
+    return Found(arrays, str(path), tuple(files), read_note(path))
 
 
-def _download(name, roots, searched, how, fetch, find_raw) -> Path:
-    """Run ``fetch`` into the first root; any failure becomes a DatasetNotFoundError."""
+def read_npz_found(name: str, path: Path) -> Found:
+    """A `Found` from an npz file, with its provenance record."""
+    log.info("%s: reading %s", name, path)
+    try:
+        arrays = read_npz(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{name}: {path} is not a readable npz file ({type(exc).__name__}: {exc})") from exc
+    return Found(arrays, npz_source(path), (file_record(path),))
+
+
+def download_hint(name: str, fetch) -> str:
+    """The sentence of a not-found error that says whether and how pflkit downloads ``name``."""
+    if fetch is None:
+        return f"pflkit cannot download {name!r} automatically."
+    return (f"Or let pflkit download it into the cache {cache_dir()}: load_dataset({name!r}, download=True), "
+            f"`--download` on the CLI (the notebooks download by default; {ENV_OFFLINE}=1 forbids it).")
+
+
+def _download(name, searched, how, fetch, find_raw) -> Path:
+    """Run ``fetch`` into the cache; a failure other than a checksum mismatch becomes a DatasetNotFoundError."""
+    from ..download import ChecksumError  # imported here: download.py imports base, not sources
+
     if fetch is None:
         raise DatasetNotFoundError(name, searched, f"pflkit cannot download {name!r} automatically. {how}")
-    target = Path(roots[0])
+    target = cache_dir()
+    if offline():
+        raise DatasetNotFoundError(
+            name, searched, f"downloads are disabled ({ENV_OFFLINE}=1), so no download into {target} was tried. {how}")
     try:
-        target.mkdir(parents=True, exist_ok=True)
         fetch(target)
-    except Exception as exc:  # torchvision raises RuntimeError, URLError, OSError, ...
+    except ChecksumError:
+        raise
+    except Exception as exc:  # URLError, IncompleteDownload, OSError, a bad archive, ...
         reason = " ".join(str(exc).split())[:300]
         raise DatasetNotFoundError(
             name, searched, f"the download into {target} failed ({type(exc).__name__}: {reason}). {how}"
@@ -288,13 +355,22 @@ def image_dataset(
     groups_test: dict[str, np.ndarray] | None = None,
     group_names: dict[str, Sequence[str]] | None = None,
     stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+    files: Sequence[dict] = (),
+    download: dict | None = None,
 ) -> Dataset:
     """Assemble a `Dataset` from image tensors (or `ImageFiles`) and labels.
 
     The normalization statistics ``stats = (mean, std)`` are measured on the
     training images when not given and the images are in memory; lazy folders
-    use the ImageNet statistics.
+    use the ImageNet statistics. ``files`` and ``download`` are the provenance
+    (`Found.files`, `Found.download`).
+
+    Raises:
+        ValueError: train and test images differ in shape, or a label is outside
+            ``[0, len(class_names))``; the message names ``source``.
     """
+    check_image_shapes(name, source, x_train, x_test)
+    check_labels(name, source, len(class_names), y_train=y_train, y_test=y_test)
     if stats is not None:
         mean, std = stats
     elif isinstance(x_train, ImageFiles):
@@ -312,6 +388,8 @@ def image_dataset(
         superclass_names=None if superclass_names is None else tuple(str(s) for s in superclass_names),
         group_names={k: tuple(str(v) for v in vs) for k, vs in (group_names or {}).items()},
         source=source,
+        files=tuple(files),
+        download=download,
     )
     as_int = lambda g: {k: np.asarray(v).astype(np.int64) for k, v in (g or {}).items()}  # noqa: E731
     return Dataset(meta, x_train, labels(y_train), x_test, labels(y_test), as_int(groups_train), as_int(groups_test))
@@ -329,5 +407,62 @@ def simple_image_dataset(name: str, found: Found, default_classes: Sequence[str]
         classes = default_classes if default_classes is not None else [str(c) for c in range(n)]
     return image_dataset(
         name, to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
-        class_names=[str(c) for c in classes], source=found.source,
+        class_names=[str(c) for c in classes], **provenance(found),
     )
+
+
+def provenance(found: Found) -> dict:
+    """``source``, ``files`` and ``download`` keyword arguments for `image_dataset` from a `Found`."""
+    return {"source": found.source, "files": found.files, "download": found.download}
+
+
+def check_image_shapes(name: str, source: str, x_train, x_test) -> None:
+    """ValueError naming ``source`` when train and test samples differ in shape (C, H, W)."""
+    if len(x_test) and tuple(x_train.shape[1:]) != tuple(x_test.shape[1:]):
+        raise ValueError(f"{name}: {source}: train images have shape {tuple(x_train.shape[1:])} but test images "
+                         f"{tuple(x_test.shape[1:])}; both splits must have the same image shape")
+
+
+def check_labels(name: str, source: str, num_classes: int, **labels_by_split) -> None:
+    """ValueError naming ``source`` when a label array holds a value outside ``[0, num_classes)``."""
+    for key, y in labels_by_split.items():
+        y = np.asarray(y)
+        if y.size == 0:
+            continue
+        if not np.issubdtype(y.dtype, np.integer):
+            raise ValueError(f"{name}: {source}: {key} must hold integer labels, got dtype {y.dtype}")
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= num_classes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name}: {source}: {key} holds label {bad}, outside [0, {num_classes}) "
+                             f"for {num_classes} classes")
+
+
+def open_image(path, mode: str | None = None) -> np.ndarray:
+    """Decode one image file to a uint8 array (converted to ``mode`` if given).
+
+    Raises:
+        FileNotFoundError: the file is missing (an incomplete copy).
+        ValueError: the file is not a readable image; the message names it.
+    """
+    from PIL import Image, UnidentifiedImageError  # imported lazily: only image folders need it
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert(mode) if mode else im, dtype=np.uint8)
+    except FileNotFoundError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable image ({type(exc).__name__}: {exc})") from exc
+
+
+def check_images_open(paths: Sequence[str]) -> None:
+    """Read the header of every image file (cheap: PIL decodes lazily); ValueError naming the first bad one."""
+    from PIL import Image, UnidentifiedImageError
+
+    for path in paths:
+        try:
+            with Image.open(path) as im:
+                im.size  # noqa: B018  (the header is parsed by open; touch it for clarity)
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            raise ValueError(f"{path} is not a readable image ({type(exc).__name__}: {exc})") from exc

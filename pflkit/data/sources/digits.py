@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from ..base import Dataset
+from ..provenance import file_record
 from .common import Found, digit_names, simple_image_dataset, stratified_split
 
 SPLIT_SEED = 0
@@ -37,7 +38,16 @@ def read_digits(roots: Sequence[Path] = (), *, download: bool = False, use_npz: 
         "x_train": x[train], "y_train": y[train], "x_test": x[test], "y_test": y[test],
         "class_names": digit_names(),
     }
-    return Found(arrays, f"scikit-learn load_digits (embedded; stratified 80/20 split, seed {SPLIT_SEED})")
+    return Found(arrays, f"scikit-learn load_digits (embedded; stratified 80/20 split, seed {SPLIT_SEED})",
+                 _sklearn_files())
+
+
+def _sklearn_files() -> tuple[dict, ...]:
+    """Provenance: the data file inside scikit-learn that ``load_digits`` reads (if it is where we expect)."""
+    import sklearn.datasets
+
+    path = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    return (file_record(path),) if path.is_file() else ()
 
 
 def load_digits_dataset(root=None, *, download: bool = False) -> Dataset:

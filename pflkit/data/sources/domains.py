@@ -63,5 +63,7 @@ def load_digit_domains(root=None, *, download: bool = False, size: int = 32, per
     return image_dataset(
         "digit_domains", x_tr, y_tr, x_te, y_te, class_names=[str(i) for i in range(10)],
         source="; ".join(f"{d}: {p.meta.source}" for d, p in zip(domains, parts)),
+        files=[f for p in parts for f in p.meta.files],
+        download={d: p.meta.download for d, p in zip(domains, parts) if p.meta.download} or None,
         groups_train={"domain": d_tr}, groups_test={"domain": d_te}, group_names={"domain": domains},
     )

@@ -17,9 +17,10 @@ from typing import Sequence
 import numpy as np
 
 from ..base import Dataset, ImageFiles, data_roots
-from .common import (IMAGE_SUFFIXES, IMAGENET_MEAN, IMAGENET_STD, Found, check_choice, check_positive_int,
-                     check_subset, first_match, image_dataset, names_array, resize_images, resolve,
-                     stratified_split, to_nchw)
+from ..download import fetcher
+from .common import (IMAGE_SUFFIXES, IMAGENET_MEAN, IMAGENET_STD, Found, check_choice, check_images_open,
+                     check_positive_int, check_subset, first_match, image_dataset, names_array, provenance,
+                     resize_images, resolve, stratified_split, to_nchw)
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2  # for collections without an official split
@@ -37,8 +38,7 @@ HOW_OFFICE = (
     "or put office_caltech10.npz (from `pflkit data pack office_caltech10`) there."
 )
 HOW_SUN397 = (
-    "Call load_dataset('sun397', download=True) on a machine with internet (torchvision fetches SUN397.tar.gz, "
-    "tens of GB), or extract SUN397.tar.gz from https://vision.princeton.edu/projects/2010/SUN/ into a data root "
+    "Extract SUN397.tar.gz from https://vision.princeton.edu/projects/2010/SUN/ into a data root "
     "so that SUN397/ClassName.txt and SUN397/<letter>/<category>/*.jpg are inside it (Partitions.zip optional), "
     "or put sun397.npz (from `pflkit data pack sun397`) there."
 )
@@ -93,8 +93,13 @@ def select(a: dict[str, np.ndarray], key: str, keep: Sequence[str], option: str)
 
 
 def folder_dataset(name: str, found: Found, arrays: dict[str, np.ndarray], size: int, **meta) -> Dataset:
-    """A `Dataset` from folder-schema arrays: lazy `ImageFiles` for paths, tensors for npz images."""
+    """A `Dataset` from folder-schema arrays: lazy `ImageFiles` for paths, tensors for npz images.
+
+    Every image file's header is read here (cheap), so a corrupt or non-image file is
+    a load-time error naming it rather than a failure mid-training.
+    """
     if "paths_train" in arrays:
+        check_images_open([*arrays["paths_train"], *arrays["paths_test"]])
         x_train, x_test = ImageFiles(arrays["paths_train"], size), ImageFiles(arrays["paths_test"], size)
     else:
         x_train = resize_images(to_nchw(arrays["x_train"]), size)
@@ -104,7 +109,7 @@ def folder_dataset(name: str, found: Found, arrays: dict[str, np.ndarray], size:
         groups = dict(groups_train={"domain": arrays["domain_train"]}, groups_test={"domain": arrays["domain_test"]},
                       group_names={"domain": [str(d) for d in arrays["domain_names"]]})
     return image_dataset(name, x_train, arrays["y_train"], x_test, arrays["y_test"],
-                         class_names=[str(c) for c in arrays["class_names"]], source=found.source,
+                         class_names=[str(c) for c in arrays["class_names"]], **provenance(found),
                          stats=(IMAGENET_MEAN, IMAGENET_STD), **groups, **meta)
 
 
@@ -268,15 +273,9 @@ def read_sun397(roots: Sequence[Path], *, download: bool = False, use_npz: bool 
     """SUN397 in the folder schema, or its npz (only when no ``partition`` is asked for)."""
     if partition is not None:
         check_choice("partition", partition, range(1, 11))
-
-    def fetch(target: Path) -> None:
-        import torchvision  # imported lazily: only downloads need it
-
-        torchvision.datasets.SUN397(root=str(target), download=True)
-
     return resolve("sun397", roots, npz_files=("sun397.npz",),
                    find_raw=lambda rs: first_match(rs, ("SUN397",), lambda p: (p / "ClassName.txt").is_file()),
-                   read_raw=lambda f: _read_sun_folder(f, partition), how=HOW_SUN397, fetch=fetch,
+                   read_raw=lambda f: _read_sun_folder(f, partition), how=HOW_SUN397, fetch=fetcher("sun397"),
                    download=download, use_npz=use_npz and partition is None)
 
 
@@ -329,7 +328,7 @@ def load_sun397(root=None, *, download: bool = False, size: int = 64, partition:
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: let torchvision download SUN397.tar.gz when no copy is found.
+        download: download SUN397.tar.gz (tens of GB) into the cache when no copy is found.
         size: side length images are resized to.
         partition: official partition 1..10, or None.
         hierarchy: path of the three-level hierarchy CSV.

@@ -8,7 +8,13 @@ Published layouts searched in each data root:
   accepted inside ``usps/``): one line per image, ``label index:value ...``, labels 1..10,
   values in [-1, 1].
 * MNIST-M (Ganin et al., 2016): ``mnist_m/mnist_m_{train,test}/*.png`` (32x32 RGB) with
-  ``mnist_m/mnist_m_{train,test}_labels.txt`` lines ``00000000.png 5``. Not in torchvision.
+  ``mnist_m/mnist_m_{train,test}_labels.txt`` lines ``00000000.png 5`` (the DANN authors'
+  tarball), or the public re-release that ``download=True`` fetches (github.com/liyxi/mnist-m,
+  28x28 RGB, 60,000 / 10,000): ``MNISTM/processed/mnist_m_{train,test}.pt``, each a pair
+  (uint8 images (N, 28, 28, 3), int64 labels) read with ``torch.load(weights_only=True)``.
+  Not in torchvision.
+
+``download=True`` goes through `pflkit.data.download` (published md5 checked, atomic install).
 """
 from __future__ import annotations
 
@@ -21,28 +27,31 @@ from typing import Sequence
 import numpy as np
 
 from ..base import Dataset, data_roots
-from .common import Found, digit_names, first_match, has_files, resolve, simple_image_dataset
+from ..download import fetcher
+from ..provenance import file_record
+from .common import (Found, digit_names, first_match, folder_record, has_files, open_image, records_of, resolve,
+                     simple_image_dataset)
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 USPS_FILES = ("usps.bz2", "usps.t.bz2")
 MNIST_M_FILES = ("mnist_m_train", "mnist_m_train_labels.txt", "mnist_m_test", "mnist_m_test_labels.txt")
+MNIST_M_PT = ("mnist_m_train.pt", "mnist_m_test.pt")
 
 # idx type codes -> big-endian numpy dtypes
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 HOW_MNIST = (
-    "Call load_dataset('mnist', download=True) on a machine with internet (torchvision), or put the four "
-    "idx files from http://yann.lecun.com/exdb/mnist/ (gzipped or not) into <data root>/MNIST/raw/, "
+    "Put the four idx files from http://yann.lecun.com/exdb/mnist/ (gzipped or not) into <data root>/MNIST/raw/, "
     "or put mnist.npz there."
 )
 HOW_USPS = (
-    "Call load_dataset('usps', download=True) on a machine with internet (torchvision), or put usps.bz2 and "
-    "usps.t.bz2 from https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/multiclass.html#usps into a data "
-    "root, or put usps.npz there."
+    "Put usps.bz2 and usps.t.bz2 from https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/multiclass.html#usps "
+    "into a data root, or put usps.npz there."
 )
 HOW_MNIST_M = (
-    "Download mnist_m.tar.gz (the DANN authors' MNIST-M, Ganin et al. 2016; see data/README.md) and extract it "
-    "into a data root so that mnist_m/mnist_m_train/ and mnist_m/mnist_m_train_labels.txt are inside it, "
+    "Extract the DANN authors' mnist_m.tar.gz (Ganin et al. 2016; see data/README.md) into a data root so that "
+    "mnist_m/mnist_m_train/ and mnist_m/mnist_m_train_labels.txt are inside it, or extract "
+    "mnist_m_{train,test}.pt.tar.gz from https://github.com/liyxi/mnist-m/releases into <data root>/MNISTM/processed/, "
     "or put mnist_m.npz / mnist_m_small.npz there."
 )
 
@@ -80,23 +89,13 @@ def _read_mnist_folder(folder: Path) -> dict[str, np.ndarray]:
             "x_test": xte.astype(np.uint8), "y_test": yte.astype(np.int64)}
 
 
-def _fetch_torchvision(cls_name: str, splits: Sequence[bool] = (True,)):
-    def fetch(target: Path) -> None:
-        import torchvision  # imported lazily: only downloads need it
-
-        for train in splits:
-            getattr(torchvision.datasets, cls_name)(root=str(target), train=train, download=True)
-
-    return fetch
-
-
 def read_mnist(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True) -> Found:
-    """MNIST arrays: ``mnist.npz``, else ``MNIST/raw`` idx files, else a torchvision download."""
+    """MNIST arrays: ``mnist.npz``, else ``MNIST/raw`` idx files, else a download into the cache."""
     return resolve(
         "mnist", roots, npz_files=("mnist.npz",),
         find_raw=lambda rs: first_match(rs, ("MNIST/raw",), _mnist_folder_ok),
-        read_raw=_read_mnist_folder, how=HOW_MNIST, fetch=_fetch_torchvision("MNIST"),
-        download=download, use_npz=use_npz,
+        read_raw=_read_mnist_folder, how=HOW_MNIST, fetch=fetcher("mnist"),
+        download=download, use_npz=use_npz, files_of=lambda f: [file_record(_idx_path(f, n)) for n in MNIST_FILES],
     )
 
 
@@ -105,7 +104,7 @@ def load_mnist(root=None, *, download: bool = False) -> Dataset:
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: let torchvision download the idx files when no copy is found.
+        download: download the idx files into the cache when no copy is found.
     """
     return simple_image_dataset("mnist", read_mnist(data_roots(root), download=download), digit_names())
 
@@ -143,12 +142,12 @@ def _read_usps_folder(folder: Path) -> dict[str, np.ndarray]:
 
 
 def read_usps(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True) -> Found:
-    """USPS arrays: ``usps.npz``, else the bz2 files, else a torchvision download."""
+    """USPS arrays: ``usps.npz``, else the bz2 files, else a download into the cache."""
     return resolve(
         "usps", roots, npz_files=("usps.npz",),
         find_raw=lambda rs: first_match(rs, (".", "usps", "USPS"), has_files(*USPS_FILES)),
-        read_raw=_read_usps_folder, how=HOW_USPS, fetch=_fetch_torchvision("USPS", (True, False)),
-        download=download, use_npz=use_npz,
+        read_raw=_read_usps_folder, how=HOW_USPS, fetch=fetcher("usps"),
+        download=download, use_npz=use_npz, files_of=records_of(*USPS_FILES),
     )
 
 
@@ -157,7 +156,7 @@ def load_usps(root=None, *, download: bool = False) -> Dataset:
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: let torchvision download the bz2 files when no copy is found.
+        download: download the bz2 files into the cache when no copy is found.
     """
     return simple_image_dataset("usps", read_usps(data_roots(root), download=download), digit_names())
 
@@ -166,14 +165,9 @@ def load_usps(root=None, *, download: bool = False) -> Dataset:
 
 
 def _read_png_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    from PIL import Image  # imported lazily: only image folders need it
-
     lines = (folder / f"mnist_m_{split}_labels.txt").read_text().split("\n")
     entries = [ln.split() for ln in lines if ln.strip()]
-    images = []
-    for name, _ in entries:
-        with Image.open(folder / f"mnist_m_{split}" / name) as im:
-            images.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
+    images = [open_image(folder / f"mnist_m_{split}" / name, "RGB") for name, _ in entries]
     sizes = {im.shape for im in images}
     if len(sizes) > 1:
         raise ValueError(f"MNIST-M {split} images have several sizes: {sorted(sizes)}")
@@ -181,26 +175,59 @@ def _read_png_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         [int(lab) for _, lab in entries], dtype=np.int64)
 
 
+def read_pt_split(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One liyxi/mnist-m ``.pt`` file: a pair (uint8 images (N, H, W, 3), labels), loaded without pickles."""
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not (isinstance(obj, (tuple, list)) and len(obj) == 2 and all(isinstance(t, torch.Tensor) for t in obj)):
+        raise ValueError(f"{path} does not hold a pair (images, labels) of tensors")
+    x, y = obj
+    if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3 or len(x) != len(y):
+        raise ValueError(f"{path}: expected uint8 images (N, H, W, 3) and N labels, got {tuple(x.shape)} "
+                         f"{x.dtype} and {tuple(y.shape)}")
+    return x.numpy(), y.numpy().astype(np.int64)
+
+
 def _read_mnist_m_folder(folder: Path) -> dict[str, np.ndarray]:
-    xtr, ytr = _read_png_split(folder, "train")
-    xte, yte = _read_png_split(folder, "test")
+    if (folder / MNIST_M_PT[0]).is_file():
+        (xtr, ytr), (xte, yte) = (read_pt_split(folder / n) for n in MNIST_M_PT)
+    else:
+        xtr, ytr = _read_png_split(folder, "train")
+        xte, yte = _read_png_split(folder, "test")
     return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
 
 
+def _mnist_m_records(folder: Path) -> list[dict]:
+    if (folder / MNIST_M_PT[0]).is_file():
+        return [file_record(folder / n) for n in MNIST_M_PT]
+    return [folder_record(folder / f"mnist_m_{s}") for s in ("train", "test")] + [
+        file_record(folder / f"mnist_m_{s}_labels.txt") for s in ("train", "test")]
+
+
 def read_mnist_m(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True) -> Found:
-    """MNIST-M arrays: ``mnist_m.npz``, else ``mnist_m_small.npz``, else the png folders."""
+    """MNIST-M arrays: ``mnist_m.npz``, else ``mnist_m_small.npz``, else the png folders or the
+    ``.pt`` files, else a download of the ``.pt`` release into the cache."""
+    def find_raw(rs):
+        folder, tried = first_match(rs, ("mnist_m",), has_files(*MNIST_M_FILES))
+        if folder is None:
+            folder, more = first_match(rs, ("MNISTM/processed",), has_files(*MNIST_M_PT))
+            tried += more
+        return folder, tried
+
     return resolve(
-        "mnist_m", roots, npz_files=("mnist_m.npz", "mnist_m_small.npz"),
-        find_raw=lambda rs: first_match(rs, ("mnist_m",), has_files(*MNIST_M_FILES)),
-        read_raw=_read_mnist_m_folder, how=HOW_MNIST_M, fetch=None, download=download, use_npz=use_npz,
+        "mnist_m", roots, npz_files=("mnist_m.npz", "mnist_m_small.npz"), find_raw=find_raw,
+        read_raw=_read_mnist_m_folder, how=HOW_MNIST_M, fetch=fetcher("mnist_m"), download=download,
+        use_npz=use_npz, files_of=_mnist_m_records,
     )
 
 
 def load_mnist_m(root=None, *, download: bool = False) -> Dataset:
-    """MNIST-M as uint8 (N, 3, 32, 32): 59,001 train / 9,001 test in the published set.
+    """MNIST-M as uint8 (N, 3, H, W): 32x32, 59,001 train / 9,001 test in the DANN png set;
+    28x28, 60,000 / 10,000 in the ``.pt`` re-release that ``download=True`` fetches.
 
     Args:
-        root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: no automatic download exists; True only changes the error message.
+        root: data root searched first (then ``$PFLKIT_DATA``, then the cache).
+        download: download the ``.pt`` re-release into the cache when no copy is found.
     """
     return simple_image_dataset("mnist_m", read_mnist_m(data_roots(root), download=download), digit_names())

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from ..base import Dataset, data_roots
-from .common import (Found, check_choice, check_positive_int, first_match, image_dataset, names_array,
-                     resize_images, resolve, to_nchw)
+from ..download import fetcher
+from .common import (Found, check_choice, check_positive_int, first_match, folder_record, image_dataset, names_array,
+                     open_image, provenance, resize_images, resolve, to_nchw)
 
 # Which published folders each ``sets`` value reads.
 SETS = {
@@ -30,16 +31,15 @@ SETS = {
 NATIVE_SIZE = 105
 
 HOW = (
-    "Call load_dataset('omniglot', download=True) on a machine with internet (torchvision fetches "
-    "images_background.zip / images_evaluation.zip from github.com/brendenlake/omniglot), or extract those "
-    "zips into <data root>/omniglot-py/, or put omniglot.npz / omniglot_small.npz in a data root."
+    "Extract images_background.zip / images_evaluation.zip (and for the small sets "
+    "images_background_small1/2.zip) from https://github.com/brendenlake/omniglot/tree/master/python into "
+    "<data root>/omniglot-py/, or put omniglot.npz / omniglot_small.npz in a data root."
 )
+DOWNLOADABLE = ("images_background", "images_evaluation")  # what pflkit.data.download fetches
 
 
 def _read_sets(base: Path, folders: Sequence[str]) -> dict[str, np.ndarray]:
     """Every png under the given set folders, in sorted (alphabet, character, file) order."""
-    from PIL import Image  # imported lazily: only image folders need it
-
     xs, chars, alphabets, drawers, alphabet_names, char_names = [], [], [], [], [], []
     for folder in folders:
         for alphabet in sorted(p for p in (base / folder).iterdir() if p.is_dir()):
@@ -49,8 +49,7 @@ def _read_sets(base: Path, folders: Sequence[str]) -> dict[str, np.ndarray]:
             for character in sorted(p for p in alphabet.iterdir() if p.is_dir()):
                 char_names.append(f"{alphabet.name}/{character.name}")
                 for png in sorted(character.glob("*.png")):
-                    with Image.open(png) as im:
-                        xs.append(np.asarray(im.convert("L"), dtype=np.uint8) < 128)  # dark pixels are ink
+                    xs.append(open_image(png, "L") < 128)  # dark pixels are ink
                     chars.append(len(char_names) - 1)
                     alphabets.append(len(alphabet_names) - 1)
                     drawers.append(int(png.stem.rsplit("_", 1)[-1]))
@@ -61,18 +60,6 @@ def _read_sets(base: Path, folders: Sequence[str]) -> dict[str, np.ndarray]:
         "y_alphabet": np.asarray(alphabets, np.int64), "drawer": np.asarray(drawers, np.int64),
         "alphabet_names": names_array(alphabet_names), "char_names": names_array(char_names),
     }
-
-
-def _fetch(folders: Sequence[str]):
-    def fetch(target: Path) -> None:
-        import torchvision  # imported lazily: only downloads need it
-
-        for folder in folders:
-            if folder not in ("images_background", "images_evaluation"):
-                raise RuntimeError(f"torchvision cannot download {folder}")
-            torchvision.datasets.Omniglot(root=str(target), background=folder == "images_background", download=True)
-
-    return fetch
 
 
 def read_omniglot(roots: Sequence[Path], *, download: bool = False, use_npz: bool = True,
@@ -93,7 +80,8 @@ def read_omniglot(roots: Sequence[Path], *, download: bool = False, use_npz: boo
         "omniglot", roots, npz_files=("omniglot.npz", "omniglot_small.npz"),
         find_raw=lambda rs: first_match(rs, ("omniglot-py",), ok),
         read_raw=lambda base: _read_sets(base, folders), how=HOW,
-        fetch=_fetch(folders), download=download, use_npz=use_npz and sets is None,
+        fetch=fetcher("omniglot") if set(folders) <= set(DOWNLOADABLE) else None, download=download,
+        use_npz=use_npz and sets is None, files_of=lambda base: [folder_record(base / f, (".png",)) for f in folders],
     )
 
 
@@ -108,7 +96,7 @@ def load_omniglot(root=None, *, download: bool = False, size: int | None = 28, s
 
     Args:
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
-        download: let torchvision download the background / evaluation zips.
+        download: download the background and evaluation zips into the cache when no copy is found.
         size: output side length, or None for 105.
         sets: published folders to read; see `read_omniglot`.
     """
@@ -126,7 +114,7 @@ def load_omniglot(root=None, *, download: bool = False, size: int | None = 28, s
     empty_g = np.zeros(0, np.int64)
     return image_dataset(
         "omniglot", x, y_char, empty_x, empty_g, class_names=[str(c) for c in a["char_names"]],
-        source=found.source, superclass=superclass, superclass_names=[str(n) for n in a["alphabet_names"]],
+        **provenance(found), superclass=superclass, superclass_names=[str(n) for n in a["alphabet_names"]],
         groups_train={"alphabet": y_alpha, "drawer": drawer},
         groups_test={"alphabet": empty_g, "drawer": empty_g},
         group_names={"alphabet": [str(n) for n in a["alphabet_names"]],
