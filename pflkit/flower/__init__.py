@@ -5,6 +5,8 @@
   client state in ``Context.state``);
 * `server_app`: `PflkitStrategy` (Flower's Strategy over ``broadcast`` / ``aggregate``)
   and the ServerApp;
+* `nodes`: `NodeMap` (which node serves which client; the start-up wait for nodes);
+* `failures`: one-line reasons of client failures, their full text in a log;
 * `serve`: a whole experiment (every seed and stage) from a ServerApp;
 * `simulation`: `run_flower` (``flwr.simulation.run_simulation``, or in-process);
 * `app`: the entry points of ``flwr run .``.

@@ -34,6 +34,7 @@ from pflkit.fl.train import Diverged
 from pflkit.flower import records
 from pflkit.flower.runtime import find_stage, runtime, set_threads
 from pflkit.flower.specs import eval_spec
+from pflkit.kernels import use_backend
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,10 @@ def _header(msg: Message) -> dict:
 
 
 def _prepare(msg: Message, context: Context, faults: dict | None = None):
-    """Common start of train / evaluate: threads, partition check, injected faults, the runtime."""
+    """Common start of train / evaluate: threads, partition check, injected faults, the runtime.
+
+    Evaluation messages carry ``split`` in their header; training messages do not.
+    """
     if not _THREADS_SET:
         set_threads(context.node_config.get("num-cpus"))
         _THREADS_SET.append(True)
@@ -74,14 +78,19 @@ def _prepare(msg: Message, context: Context, faults: dict | None = None):
     return h, pid, rt, get_algorithm(stage.algorithm), stage.config
 
 
-def _inject(faults: dict | None, h: dict, pid: int) -> None:
-    """Test / teaching hook for training messages.
+def fault_keys(h: dict, pid: int) -> tuple[str, ...]:
+    """The `faults` keys that apply to a message: ``STAGE/CID/ROUND`` (1-based) or ``STAGE/CID/*`` for
+    training, ``STAGE/CID/val`` (every validation pass) or ``STAGE/CID/test`` for evaluation."""
+    if "split" in h:
+        return (f"{h['stage']}/{pid}/{h['split']}",)
+    return f"{h['stage']}/{pid}/{int(h['round']) + 1}", f"{h['stage']}/{pid}/*"
 
-    ``faults["STAGE/CID/ROUND"] = "raise" | "sleep:SECONDS"`` (ROUND 1-based, ``*``: every round).
-    """
+
+def _inject(faults: dict | None, h: dict, pid: int) -> None:
+    """Test / teaching hook: ``faults[key] = "raise" | "sleep:SECONDS"`` for the keys of `fault_keys`."""
     if not faults:
         return
-    for key in (f"{h['stage']}/{pid}/{int(h['round']) + 1}", f"{h['stage']}/{pid}/*"):
+    for key in fault_keys(h, pid):
         action = faults.get(key)
         if action == "raise":
             raise RuntimeError(f"injected failure of client {pid} ({key})")
@@ -163,8 +172,9 @@ def handle_train(msg: Message, context: Context, faults: dict | None = None) -> 
     rt.env.round = t
     rt.env.seed_torch("client", pid, t)
     try:
-        update, client_state = algo.client_update(message, rt.fed.clients[pid], load_client_state(context.state, ns),
-                                                  cfg, rt.env)
+        with use_backend(rt.cfg.kernels):  # the run's kernel backend, for this call only
+            update, client_state = algo.client_update(message, rt.fed.clients[pid],
+                                                      load_client_state(context.state, ns), cfg, rt.env)
     except Diverged as e:  # the run's outcome, not a node failure: the server stops the stage
         return _reply(msg, {"diverged": str(e)}, {})
     save_client_state(context.state, ns, t + 1, client_state, int(h["best"]))
@@ -174,7 +184,7 @@ def handle_train(msg: Message, context: Context, faults: dict | None = None) -> 
 
 def handle_evaluate(msg: Message, context: Context, faults: dict | None = None) -> Message:
     """The algorithm's evaluation of this client on ``split`` (``state-round``: keep-best's round)."""
-    h, pid, rt, algo, cfg = _prepare(msg, context)
+    h, pid, rt, algo, cfg = _prepare(msg, context, faults)
     ns = _ns(h)
     view = receive(msg.content, context.state, ns, h)
     at = int(h["state-round"])
@@ -182,27 +192,43 @@ def handle_evaluate(msg: Message, context: Context, faults: dict | None = None) 
     rt.env.round = int(h["round"])
     rt.env.seed_torch("eval", pid, h["split"])
     try:
-        metrics = eval_spec(algo).evaluate(view, rt.fed.clients[pid], client_state, cfg, rt.env, h["split"])
+        with use_backend(rt.cfg.kernels):
+            metrics = eval_spec(algo).evaluate(view, rt.fed.clients[pid], client_state, cfg, rt.env, h["split"])
     except Diverged as e:
         return _reply(msg, {"diverged": str(e)}, {})
     return _reply(msg, {"client-id": pid}, metrics)
 
 
+class ClientFailure(RuntimeError):
+    """A handler raised; the text starts with the original exception's type (``"RuntimeError: ..."``).
+
+    Flower's Ray simulation re-raises a ClientApp's exception as ``ClientAppException(str(ex))``,
+    which drops the type; this keeps it in the reason the server records.
+    """
+
+
+def _guarded(handler, msg: Message, context: Context, *args) -> Message:
+    try:
+        return handler(msg, context, *args)
+    except Exception as e:  # noqa: BLE001 - re-raised with its type in the text, the chain kept
+        raise ClientFailure(f"{type(e).__name__}: {e}") from e
+
+
 def build_client_app(faults: dict[str, str] | None = None) -> ClientApp:
-    """A ClientApp running pflkit algorithms; ``faults`` injects failures (tests, teaching)."""
+    """A ClientApp running pflkit algorithms; ``faults`` injects failures (tests, teaching, see `fault_keys`)."""
     app = ClientApp()
     faults = dict(faults or {})
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        return handle_query(msg, context)
+        return _guarded(handle_query, msg, context)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        return handle_train(msg, context, faults)
+        return _guarded(handle_train, msg, context, faults)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        return handle_evaluate(msg, context, faults)
+        return _guarded(handle_evaluate, msg, context, faults)
 
     return app

@@ -18,7 +18,8 @@ from pathlib import Path
 from flwr.serverapp import Grid
 
 from pflkit.flower.runtime import experiment_from_settings, settings_for
-from pflkit.flower.server_app import NodeMap, PflkitStrategy
+from pflkit.flower.nodes import NodeMap
+from pflkit.flower.server_app import PflkitStrategy
 from pflkit.runner import run_experiment
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,10 @@ def serve(grid: Grid, settings) -> dict:
     """Run the experiment named by ``settings`` on the nodes behind ``grid``; returns (and writes) the results.
 
     Settings (Flower run config keys): ``experiment-json`` or ``experiment`` + ``preset`` +
-    ``overrides``; ``data-root``; ``out`` (folder for results); ``round-timeout`` (s, 0: wait
-    for every client); ``node-wait`` (s to wait for all nodes to connect); ``progress``.
+    ``overrides``; ``data-root``; ``out`` (folder for results, and ``flower-failures.log``: the
+    full text of every client failure); ``round-timeout`` (s, 0: wait for every client);
+    ``node-wait`` (s to wait for a node of every partition to connect and answer, default 120);
+    ``progress``.
     """
     cfg = experiment_from_settings(settings)
     out = Path(_setting(settings, "out", f"runs/{cfg.name}-{cfg.preset}-flower", str))
@@ -47,7 +50,7 @@ def serve(grid: Grid, settings) -> dict:
 
     def train_on_flower(algo, stage_cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None):
         strategy = PflkitStrategy(algo, stage_cfg, fed, env, nodes, {**header, "seed": env.seed, "stage": label},
-                                  timeout=timeout, desc=None if desc is None else f"{desc}, Flower")
+                                  timeout=timeout, desc=None if desc is None else f"{desc}, Flower", log_dir=out)
         return strategy.run(grid, model)
 
     return run_experiment(cfg, out, data_root=data_root, progress=progress, train=train_on_flower, engine="flower")

@@ -16,7 +16,11 @@
   precision-weighted head;
 * a client that raises, or does not answer within ``timeout`` seconds, is left out of
   that round's aggregation; the round completes with the others and the history row
-  names it (``failed``, ``failures``);
+  names it (``failed``, ``failures``: client -> one-line reason; ``val_failed``,
+  ``val_failures`` for the validation pass). A client whose *test* evaluation fails has NaN
+  metrics with ``failed`` and makes the stage ``"incomplete"`` (``StageResult.missing``:
+  ``[{"client", "reason"}]``). The full text of every failure (a Ray traceback) goes to the
+  log and to ``flower-failures.log`` in ``log_dir`` (`pflkit.flower.failures`);
 * the history rows are the loop's (``train_loss``, ``bytes_down``, ``bytes_up``,
   ``val_acc``, ...): the bytes are the tensors that really travelled.
 
@@ -43,11 +47,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from tqdm.auto import tqdm
 
 from pflkit.algorithms.base import Algorithm, Env, Update, check_config
-from pflkit.fl.loop import StageResult, _score, eval_clients, sample_clients, summarize
+from pflkit.fl.loop import StageResult, _score, check_finite, eval_clients, missing_clients, sample_clients, summarize
 from pflkit.fl.train import Diverged, set_state
 from pflkit.flower import records
 from pflkit.flower.records import tensors_in
 from pflkit.flower.client_app import HEADER, METRICS, MSG, PAYLOAD
+from pflkit.flower.failures import FailureLog
+from pflkit.flower.nodes import NodeMap
 from pflkit.flower.specs import eval_spec
 
 log = logging.getLogger(__name__)
@@ -77,50 +83,15 @@ class TokenTable:
         return self._next, round_
 
 
-class NodeMap:
-    """pflkit client id <-> Flower node id, learned from each node's ``partition-id``."""
-
-    def __init__(self, num_clients: int):
-        self.num_clients = num_clients
-        self.node_of: dict[int, int] = {}
-        self.cid_of: dict[int, int] = {}
-
-    def refresh(self, grid: Grid, timeout: float | None = None, wait: float = 0.0) -> None:
-        """Ask nodes not seen yet for their partition; wait up to ``wait`` s for all clients to connect."""
-        deadline = time.monotonic() + wait
-        ids = set(grid.get_node_ids())
-        while len(ids) < self.num_clients and time.monotonic() < deadline:
-            time.sleep(0.05)
-            ids = set(grid.get_node_ids())
-        if wait and len(ids) < self.num_clients:
-            log.warning("%d Flower nodes for %d clients: the clients without a node are reported as failed "
-                        "whenever they are sampled", len(ids), self.num_clients)
-        new = [n for n in ids if n not in self.cid_of]
-        if not new:
-            return
-        msgs = [Message(RecordDict({HEADER: ConfigRecord({})}), dst_node_id=n, message_type="query") for n in new]
-        for rep in grid.send_and_receive(msgs, timeout=timeout):
-            if rep.has_error():
-                log.warning("node %s did not report its partition: %s", rep.metadata.src_node_id, rep.error.reason)
-                continue
-            pid, node = int(rep.content[HEADER]["partition-id"]), rep.metadata.src_node_id
-            if not 0 <= pid < self.num_clients:
-                log.warning("node %s holds partition %d, outside 0..%d: ignored", node, pid, self.num_clients - 1)
-                continue
-            if self.node_of.get(pid, node) != node:
-                raise ValueError(f"partition-id {pid} is claimed by nodes {self.node_of[pid]} and {node}")
-            self.node_of[pid], self.cid_of[node] = node, pid
-        log.info("Flower nodes: %d of %d clients mapped", len(self.node_of), self.num_clients)
-
-
 class PflkitStrategy(Strategy):
     """One pflkit algorithm as a Flower Strategy (see the module docstring)."""
 
     def __init__(self, algo: Algorithm, cfg, fed, env: Env, nodes: NodeMap, header: dict, *,
-                 timeout: float | None = None, desc: str | None = None):
+                 timeout: float | None = None, desc: str | None = None, log_dir=None):
         check_config(algo, cfg)
         self.algo, self.cfg, self.fed, self.env, self.nodes = algo, cfg, fed, env, nodes
         self.header, self.timeout, self.desc = dict(header), timeout, desc
+        self.failure_log = FailureLog(log_dir)  # full texts of client failures (``log_dir/flower-failures.log``)
         self.spec = eval_spec(algo)
         self.state: Any = None
         self.tokens = TokenTable()
@@ -136,6 +107,7 @@ class PflkitStrategy(Strategy):
         self._eval: dict[int, dict] = {}
         self._eval_failures: dict[int, str] = {}
         self._eval_bytes = 0
+        self._eval_split = "val"
         self._missing: list[int] = []
         self._test_state: Any = None
         self._last_encoded: tuple = (None, None, None)
@@ -178,16 +150,20 @@ class PflkitStrategy(Strategy):
             self._last_encoded = (key, (rec[records.ARRAYS], rec[records.TREE]), obj)
         return self._last_encoded[1]
 
-    def _collect(self, replies: Iterable[Message]) -> tuple[dict[int, RecordDict], dict[int, str], int, int]:
-        """Replies by client id; failures (errors, no reply) by client id; bytes down / up."""
+    def _collect(self, replies: Iterable[Message], where: str) -> tuple[dict[int, RecordDict], dict[int, str], int, int]:
+        """Replies by client id; failures (errors, no reply) by client id, one line each; bytes down / up.
+
+        ``where`` (e.g. ``"round 3"``, ``"test"``) heads each failure's full text in the log.
+        """
         got, failures, up = {}, {}, 0
         down = sum(p[2] for p in self._pending.values())
+        where = f"{self.header.get('stage', self.algo.name)} (seed {self.header.get('seed', self.env.seed)}) {where}"
         for rep in replies:
             cid, store, _ = self._pending.pop(rep.metadata.src_node_id, (None, None, 0))
             if cid is None:
                 continue  # a late reply to an older message
             if rep.has_error():
-                failures[cid] = rep.error.reason
+                failures[cid] = self.failure_log.record(where, cid, rep.error.reason)
                 self.held.pop(cid, None)  # its cache may be incomplete: resend everything next time
                 continue
             if "diverged" in rep.content[HEADER]:
@@ -196,11 +172,10 @@ class PflkitStrategy(Strategy):
             got[cid] = rep.content
             up += records.record_nbytes(rep.content)
         for cid, _, _ in self._pending.values():
-            failures[cid] = f"no reply within {self.timeout} s"
+            late = "no reply" if self.timeout is None else f"no reply within {self.timeout:g} s"
+            failures[cid] = self.failure_log.record(where, cid, late)
             self.held.pop(cid, None)
         self._pending.clear()
-        for cid in failures:
-            log.warning("%s: client %d left out: %s", self.algo.name, cid, failures[cid])
         return got, failures, down, up
 
     # ------------------------------------------------------------ Flower's Strategy interface
@@ -222,11 +197,12 @@ class PflkitStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
         """``algo.aggregate`` over the clients that answered, in sampling order; the round's history row."""
-        got, failures, down, up = self._collect(replies)
-        failures.update({cid: "no node holds this partition" for cid in self._missing})
+        got, failures, down, up = self._collect(replies, f"round {server_round}")
+        failures.update({cid: self.nodes.absent(cid) for cid in self._missing})
         updates = [_update(got[cid]) for cid in self._ids if cid in got]
         if updates:
             self.state = self.algo.aggregate(self.state, updates, self.cfg, self.env)
+            check_finite(self.state, "state", f"after the aggregation of round {server_round}")  # as the loop
         else:
             log.warning("%s round %d: no client answered; the state is unchanged", self.algo.name, server_round)
         self._updates = updates
@@ -250,7 +226,7 @@ class PflkitStrategy(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """``config["split"]``: "val" (the scheduled validation pass, else no messages) or "test" (every client)."""
-        split = str(config.get("split", "val"))
+        split = self._eval_split = str(config.get("split", "val"))
         self._missing = []
         if split == "val" and not self._wants_validation(server_round):
             return []
@@ -266,8 +242,9 @@ class PflkitStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         """Per-client metrics into ``self._eval``; the mean accuracy and loss over clients."""
-        got, failures, down, _ = self._collect(replies)
-        failures.update({cid: "no node holds this partition" for cid in self._missing})
+        split = self._eval_split
+        got, failures, down, _ = self._collect(replies, f"round {server_round} {split}" if split == "val" else split)
+        failures.update({cid: self.nodes.absent(cid) for cid in self._missing})
         self._eval = {cid: dict(content[METRICS]) for cid, content in got.items()}
         self._eval_failures, self._eval_bytes = failures, down
         mean = summarize(self._eval)
@@ -327,6 +304,11 @@ class PflkitStrategy(Strategy):
             result.per_client = self.test(grid, best_round)
         except Diverged as e:
             result.status, result.error = "diverged", str(e)
+        else:  # as the loop: a client without a test accuracy makes the stage incomplete, not ok
+            result.missing = missing_test(result.per_client)
+            if result.missing:
+                result.status = "incomplete"
+                result.error = f"{len(result.missing)} client(s) without a test accuracy"
         result.seconds = time.perf_counter() - t0
         return result
 
@@ -342,6 +324,7 @@ class PflkitStrategy(Strategy):
             row.update({"val_acc": val["acc"], "val_loss": val["loss"], "bytes_eval": self._eval_bytes})
             if self._eval_failures:
                 row["val_failed"] = sorted(self._eval_failures)
+                row["val_failures"] = {str(c): r for c, r in sorted(self._eval_failures.items())}
         score = _score(self.cfg, val, self._updates)
         if self.cfg.keep_best and score is not None and not math.isnan(score) and (
                 self.best is None or score > self.best[0]):
@@ -351,13 +334,17 @@ class PflkitStrategy(Strategy):
         log.info("%s round %d: %s", self.algo.name, t + 1, {k: v for k, v in row.items() if k != "round"})
 
     def test(self, grid: Grid, best_round: int | None) -> dict[int, dict]:
-        """Every client's test metrics with the kept state (clients with their state as of ``best_round``)."""
+        """Every client's test metrics with the kept state (clients with their state as of ``best_round``).
+
+        A client that failed, did not answer in time or has no node gets NaN metrics and
+        ``"failed"``: the one-line reason.
+        """
         cfg = ConfigRecord({"split": "test", "state-round": -1 if best_round is None else best_round})
         msgs = self.configure_evaluate(self.cfg.rounds, ArrayRecord(), cfg, grid)
         self.aggregate_evaluate(self.cfg.rounds, grid.send_and_receive(msgs, timeout=self.timeout))
         out = dict(self._eval)
         for cid, reason in self._eval_failures.items():
-            out[cid] = {"acc": math.nan, "loss": math.nan, "n": 0, "correct": 0, "failed": reason}
+            out[cid] = {"acc": math.nan, "loss": math.nan, "failed": reason}  # no "n": it is not known
         return {cid: out[cid] for cid in sorted(out)}
 
     def flower_result(self) -> Result:
@@ -374,6 +361,14 @@ class PflkitStrategy(Strategy):
                 res.evaluate_metrics_clientapp[row["round"]] = MetricRecord(
                     {"val_acc": row["val_acc"], "val_loss": row["val_loss"]})
         return res
+
+
+def missing_test(per_client: dict[int, dict]) -> list[dict]:
+    """``[{"client", "reason"}]``: clients whose test evaluation failed (their reason), and those
+    that answered without a finite accuracy (`pflkit.fl.loop.missing_clients`)."""
+    failed = [{"client": int(c), "reason": m["failed"]} for c, m in per_client.items() if "failed" in m]
+    answered = {c: m for c, m in per_client.items() if "failed" not in m}
+    return sorted(failed + missing_clients(answered), key=lambda m: m["client"])
 
 
 def _update(content: RecordDict) -> Update:

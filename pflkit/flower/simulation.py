@@ -19,6 +19,7 @@ import os
 import pickle
 import random
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -87,8 +88,9 @@ class LocalGrid(Grid):
             self.contexts[node] = context
         except Exception as e:  # noqa: BLE001 - any ClientApp failure is reported, as Flower does
             log.debug("client app on node %s raised: %s", node, e)
-            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(e).__name__}: {e}"),
-                            reply_to=msg)
+            # the whole traceback, as Flower's engines send it: the server keeps one line and logs the rest
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                  reason="".join(traceback.format_exception(e))), reply_to=msg)
         return pickle.loads(pickle.dumps(reply))
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
@@ -112,8 +114,9 @@ class LocalGrid(Grid):
         return replies
 
 
-def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, seed: int = 0) -> LocalGrid:
-    """Run ``server_app`` against ``num_nodes`` in-process nodes; returns the grid (node contexts inside)."""
+def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, seed: int = 0,
+                  grid: LocalGrid | None = None) -> LocalGrid:
+    """Run ``server_app`` against ``num_nodes`` in-process nodes (or ``grid``'s); returns the grid."""
     try:  # what run_simulation does for its Python API: messages built here need a run identity
         from flwr.common.constant import SUPERLINK_NODE_ID
         from flwr.supercore.task_identity import TaskIdentity
@@ -121,7 +124,7 @@ def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, 
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 0, 1, SUPERLINK_NODE_ID
     except ImportError:  # older Flower: the Message constructor needs no identity
         pass
-    grid = LocalGrid(client_app, num_nodes, seed=seed)
+    grid = grid if grid is not None else LocalGrid(client_app, num_nodes, seed=seed)
     server_app(grid, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     return grid
 
@@ -135,7 +138,8 @@ def ray_backend_config(client_cpus: float = 1, num_cpus: int | None = None) -> d
 
 def run_flower(cfg: ExperimentConfig, out, *, data_root=None, backend: str = "ray", client_cpus: float = 1,
                num_cpus: int | None = None, timeout: float | None = None, faults: dict | None = None,
-               progress: bool = False, node_seed: int = 0, verbose: bool = False) -> dict:
+               progress: bool = False, node_seed: int = 0, verbose: bool = False,
+               node_wait: float | None = None) -> dict:
     """Run ``cfg`` (every seed and stage) on Flower; writes ``out/results.json`` and returns the results.
 
     Args:
@@ -146,15 +150,19 @@ def run_flower(cfg: ExperimentConfig, out, *, data_root=None, backend: str = "ra
         client_cpus: CPUs (and torch threads) per virtual client.
         num_cpus: CPUs Ray may use in total (None: all).
         timeout: seconds to wait for a round's replies (None: wait for every client).
-        faults: injected client failures, ``{"STAGE/CID/ROUND": "raise" | "sleep:SECONDS"}``.
+        faults: injected client failures, ``{"STAGE/CID/ROUND": "raise" | "sleep:SECONDS"}``; ROUND is
+            1-based, ``*`` (every training round), ``val`` (every validation pass) or ``test``.
         node_seed: shuffles node ids and partitions of the in-process grid.
+        node_wait: seconds to wait at start for a node of every client to answer (None: 120).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
     if client_cpus <= 0:
         raise ValueError(f"client_cpus={client_cpus!r}: must be > 0")
-    settings = settings_for(cfg, data_root, out=str(Path(out)), **{"round-timeout": float(timeout or 0.0),
-                                                                    "progress": bool(progress)})
+    extra = {"round-timeout": float(timeout or 0.0), "progress": bool(progress)}
+    if node_wait is not None:
+        extra["node-wait"] = float(node_wait)
+    settings = settings_for(cfg, data_root, out=str(Path(out)), **extra)
     sink: dict = {}
     server, client = build_server_app(settings, sink), build_client_app(faults)
     flwr_log = logging.getLogger("flwr")
