@@ -4,7 +4,11 @@ An experiment file (``pflkit/catalog/<paper>/<name>.toml``) names the data, the
 partition, the model, an optional pretraining stage and the methods whose
 personalized accuracy the table reports, plus the paper's published numbers.
 ``[presets.smoke|cpu|paper]`` tables hold overrides that change sizes only,
-never the algorithm. Keys of overrides (presets and ``--set``) are dotted
+never the algorithm; where a scale-down truly needs another setting, the preset
+table declares it: ``deviations = ["pretrain.momentum", ...]`` (the ``smoke`` /
+``cpu`` tables declare what differs from ``paper``; each key is checked here, carried
+on the config with the preset's value and printed under every table; it is not an
+override). Keys of overrides (presets and ``--set``) are dotted
 paths: ``data.num_clients``, ``data.partition.alpha``, ``model.options.width``,
 ``pretrain.rounds``, ``methods."FT (BN C)".epochs`` or ``methods.*.epochs``
 (every method that has the field), ``seed``, ``seeds``.
@@ -154,6 +158,7 @@ class ExperimentConfig:
     seeds: int = 1
     kernels: str = "auto"
     device: str = "auto"
+    deviations: tuple[str, ...] = ()  # "key=value" of each setting the preset declares as not the paper's
 
     def to_dict(self) -> dict:
         def stage(s):
@@ -163,7 +168,7 @@ class ExperimentConfig:
                 "preset": self.preset, "seed": self.seed, "seeds": self.seeds, "kernels": self.kernels,
                 "device": self.device, "data": to_dict(self.data), "model": to_dict(self.model),
                 "pretrain": stage(self.pretrain), "methods": [stage(m) for m in self.methods],
-                "published": self.published}
+                "published": self.published, "deviations": list(self.deviations)}
 
 
 def _literal(text: str) -> Any:
@@ -258,7 +263,11 @@ def resolve(spec: dict | str | Path, preset: str = "cpu", overrides: list[str] |
     presets = raw.pop("presets", {})
     unknown = set(presets) - set(PRESETS)
     require(not unknown, "presets", sorted(unknown), f"preset names must be among {PRESETS}")
-    for key, value in presets.get(preset, {}).items():
+    table = dict(presets.get(preset, {}))
+    declared = table.pop("deviations", [])
+    require(isinstance(declared, list) and all(isinstance(k, str) for k in declared),
+            f"presets.{preset}.deviations", declared, "must be a list of dotted keys")
+    for key, value in table.items():
         apply_override(raw, key, value)
     if isinstance(overrides, dict):
         items = list(overrides.items())
@@ -266,7 +275,39 @@ def resolve(spec: dict | str | Path, preset: str = "cpu", overrides: list[str] |
         items = [(k, _literal(v)) for k, v in (parse_override(o) for o in (overrides or []))]
     for key, value in items:
         apply_override(raw, key, value)
-    return _build(raw, preset)
+    cfg = _build(raw, preset)
+    return dataclasses.replace(cfg, deviations=tuple(f"{k}={_declared_value(cfg, k)}" for k in declared))
+
+
+def _declared_value(cfg: ExperimentConfig, key: str) -> str:
+    """The value of a declared deviation ``key`` in ``cfg`` (``methods.*``: each method that has it)."""
+    parts = _split_key(key)
+    tree = cfg.to_dict()
+    if parts[0] == "methods" and len(parts) >= 2:
+        tree["methods"] = {m["label"]: m for m in tree["methods"]}
+        if parts[1] == "*":
+            found = {label: v for label, m in tree["methods"].items()
+                     if (v := _lookup(m, parts[2:])) is not _MISSING}
+            if found and parts[2:]:
+                values = list(found.values())
+                return f"{values[0]}" if all(v == values[0] for v in values) else f"{found}"
+            parts = []  # -> the error below
+    whole = {"data": 2, "model": 2, "pretrain": 2, "methods": 3}  # a whole section is not one setting
+    value = _lookup(tree, parts) if parts and len(parts) >= whole.get(parts[0], 1) else _MISSING
+    if value is _MISSING or parts[0] in ("deviations", "published", "name", "paper", "table", "title", "preset"):
+        raise ConfigError(f"deviations: {key!r} is not a setting of this experiment")
+    return f"{value}"
+
+
+_MISSING = object()
+
+
+def _lookup(tree: Any, parts: list[str]) -> Any:
+    for p in parts:
+        if not isinstance(tree, dict) or p not in tree:
+            return _MISSING
+        tree = tree[p]
+    return tree
 
 
 def _build(raw: dict, preset: str) -> ExperimentConfig:

@@ -1,19 +1,348 @@
-"""Execute the repository's notebooks with papermill (batch regeneration and tests)."""
+"""Notebook support: one setup call per notebook, the Colab install cell, and batch execution.
+
+Every notebook starts with `setup` (threads, device, output folders, the smoke warning) and then
+reads data and runs experiments through the returned `Session`, so that the data actually used is
+always the data named in titles and tables. `run_notebooks` executes the notebooks with papermill
+(`pflkit notebooks`); `sync_install_cells` rewrites every notebook's Colab badge and install cell
+from the one repository address in ``pyproject.toml``.
+"""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
+SMOKE_NOTE = ("preset 'smoke': tiny sizes, so the accuracies below are meaningless; "
+              "they only show that the code runs (use preset 'cpu' or 'paper' for numbers)")
+
+# Readable names for titles and table headers.
+DATASET_NAMES = {
+    "digits": "sklearn digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "cifar10c": "CIFAR-10-C",
+    "mnist": "MNIST", "usps": "USPS", "mnist_m": "MNIST-M", "digit_domains": "MNIST / MNIST-M / USPS",
+    "omniglot": "Omniglot", "fsdd": "FSDD (spoken digits)", "speech_commands": "Speech Commands",
+    "office_caltech10": "Office-Caltech-10", "domainnet": "DomainNet", "sun397": "SUN397",
+}
+
+# Stand-ins (only with ``standin=True``): every dataset that may be missing offline is replaced by the
+# embedded sklearn digits with its small BN conv net, pooled and re-split by the experiment's partition.
+STANDIN_DATASET = "digits"
+_STANDIN_BASE = ("data.dataset=digits", "data.options={}", "model.name=digits_cnn", "model.options={}",
+                 "data.augment=none", "data.task=label", "data.split=pool")
+STANDINS: dict[str, tuple[str, ...]] = {name: _STANDIN_BASE for name in DATASET_NAMES if name != STANDIN_DATASET}
+# Partitions that need per-sample groups (domains, speakers) or superclasses, which digits lacks,
+# become Dirichlet label shift.
+_GROUP_SCHEMES = {"domains", "natural", "concept_drift"}
+_GROUP_SCHEME_STANDIN = ("data.scheme=dirichlet", "data.partition={ alpha = 0.5 }")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; an unavailable device is an error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: CUDA is not available on this machine (use device='auto' or 'cpu')")
+    if device == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError("device='mps': MPS is not available on this machine (use device='auto' or 'cpu')")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ValueError(f"device={device!r}: must be auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def dataset_name(name: str) -> str:
+    """The readable name of a registered dataset (``cifar10`` -> ``CIFAR-10``)."""
+    return DATASET_NAMES.get(name, name)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one notebook run uses: preset, device, data location, output folders. Made by `setup`."""
+
+    preset: str
+    device: str
+    data_root: str | None
+    download: bool
+    standin: bool
+    out: Path
+    figures: Path
+    seed: int
+
+    def _standin_overrides(self, cfg) -> list[str]:
+        if not self.standin or cfg.data.dataset not in STANDINS:
+            return []
+        extra = _GROUP_SCHEME_STANDIN if cfg.data.scheme in _GROUP_SCHEMES else ()
+        return [*STANDINS[cfg.data.dataset], *extra]
+
+    def resolve(self, name: str, *overrides: str):
+        """The experiment ``name`` at this preset with this seed and device (and the stand-in, if asked).
+
+        ``overrides`` are ``key=value`` strings as for ``--set``; they are applied after the stand-in's.
+        """
+        from pflkit.experiments import resolve
+
+        base = [f"seed={self.seed}", f"device={self.device}"]
+        cfg = resolve(name, self.preset, [*base, *overrides])
+        standin = self._standin_overrides(cfg)
+        if standin:
+            log.info("%s: %s replaced by the stand-in %s", name, cfg.data.dataset, STANDIN_DATASET)
+            cfg = resolve(name, self.preset, [*base, *standin, *overrides])
+        return cfg
+
+    def run_dir(self, name: str, results_root: str | os.PathLike | None = None) -> Path:
+        """Where `run` reads or writes ``name``: ``results_root/name`` if it holds results of this preset."""
+        if results_root is not None:
+            saved = Path(results_root) / name
+            if _preset_of(saved / "results.json") == self.preset:
+                return saved
+        return self.out / name
+
+    def run(self, name: str, *overrides: str, results_root: str | os.PathLike | None = None) -> dict:
+        """Results of experiment ``name``: saved ones from ``results_root`` (same preset), else a fresh run."""
+        from pflkit.io import read_json
+
+        folder = self.run_dir(name, results_root)
+        if folder != self.out / name:
+            print(f"{name}: results read from {folder}")
+            return read_json(folder / "results.json")
+        from pflkit.runner import RunMismatchError, run_experiment
+
+        # re-executing a cell continues (or reuses) the run in `folder`; other settings start it over
+        cfg, kwargs = self.resolve(name, *overrides), dict(data_root=self.data_root, download=self.download,
+                                                            progress=False)
+        try:
+            return run_experiment(cfg, folder, resume=True, **kwargs)
+        except RunMismatchError as e:
+            print(f"{name}: {folder} held a run with other settings; starting over ({str(e)[:200]})")
+            return run_experiment(cfg, folder, overwrite=True, **kwargs)
+
+    def load(self, dataset: str, **options):
+        """`pflkit.data.datasets.load_dataset` with this session's data root (the stand-in when asked)."""
+        from pflkit.data.datasets import load_dataset
+
+        if self.standin and dataset in STANDINS:
+            return load_dataset(STANDIN_DATASET, self.data_root)
+        return load_dataset(dataset, self.data_root, download=self.download, **options)
+
+    def dataset_label(self, results_or_cfg) -> str:
+        """The dataset actually used, e.g. ``CIFAR-10 (offline subset)`` or ``sklearn digits (STAND-IN for CIFAR-10)``.
+
+        A results dict tells the subset (``results["data"]["source"]``); a config names the dataset only.
+        """
+        used, intended = _datasets(results_or_cfg)
+        if used != intended:
+            return f"{dataset_name(used)} (STAND-IN for {dataset_name(intended)})"
+        source = (results_or_cfg.get("data") or {}).get("source", "") if isinstance(results_or_cfg, dict) else ""
+        return f"{dataset_name(used)} (offline subset)" if "subset" in source else dataset_name(used)
+
+    def paper_header(self, results) -> str:
+        """``paper``, or ``paper (on CIFAR-10)`` when these results are on another dataset than the paper's."""
+        used, intended = _datasets(results)
+        return "paper" if used == intended else f"paper (on {dataset_name(intended)})"
+
+    def format_table(self, results: dict) -> str:
+        """`pflkit.report.tables.format_table` naming the dataset used, its paper column `paper_header`."""
+        from pflkit.report.tables import format_table
+
+        return format_table(results, dataset=self.dataset_label(results), paper_header=self.paper_header(results))
+
+    def figure(self, name: str) -> Path:
+        """The path to save figure ``name`` to (the figures folder of this session)."""
+        return self.figures / name
+
+
+def _preset_of(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())["config"]["preset"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _datasets(results_or_cfg) -> tuple[str, str]:
+    """(dataset used, dataset the experiment file names) of a results dict or an ExperimentConfig."""
+    from pflkit.experiments import resolve
+
+    if isinstance(results_or_cfg, dict):
+        config = results_or_cfg.get("config", results_or_cfg)
+        name, preset, used = config["name"], config["preset"], config["data"]["dataset"]
+    else:
+        name, preset, used = results_or_cfg.name, results_or_cfg.preset, results_or_cfg.data.dataset
+    try:
+        intended = resolve(name, preset).data.dataset
+    except Exception:  # noqa: BLE001 - a config not from a catalog file: nothing to compare with
+        intended = used
+    return used, intended
+
+
+def _threads(preset: str, threads: int | None) -> int:
+    if threads:
+        return int(threads)
+    # tests run several smoke notebooks side by side: one thread each avoids oversubscription
+    return 1 if preset == "smoke" else (os.cpu_count() or 1)
+
+
+def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: str = "auto",
+          download: bool = True, standin: bool = False, figures_dir: str | None = None, seed: int = 0,
+          threads: int | None = None) -> Session:
+    """Set up a notebook run: torch threads, matplotlib defaults, device, output folders.
+
+    Args:
+        preset: ``smoke``, ``cpu`` or ``paper``; at ``smoke`` one line says the numbers are meaningless.
+        out_dir: the run folder; results go to ``out_dir/<experiment>``.
+        data_root: a folder with datasets (searched before ``$PFLKIT_DATA`` and the cache).
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+        download: let `load_dataset` download missing datasets (not when ``PFLKIT_OFFLINE=1``).
+        standin: replace datasets other than sklearn digits by digits (`STANDINS`); labelled as such.
+        figures_dir: where figures go (default ``out_dir/figures``).
+        seed: the experiments' first seed.
+        threads: torch CPU threads (default: 1 at ``smoke``, else every core).
+    """
+    import torch
+
+    if preset not in ("smoke", "cpu", "paper"):
+        raise ValueError(f"preset={preset!r}: must be smoke, cpu or paper")
+    torch.set_num_threads(_threads(preset, threads))
+    try:
+        import matplotlib as mpl
+
+        mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight"})
+    except ImportError:
+        pass
+    out = Path(out_dir)
+    figures = Path(figures_dir) if figures_dir else out / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    figures.mkdir(parents=True, exist_ok=True)
+    session = Session(preset=preset, device=resolve_device(device), data_root=data_root, download=download,
+                      standin=standin, out=out, figures=figures, seed=seed)
+    if preset == "smoke":
+        print(SMOKE_NOTE)
+    print(f"pflkit: preset {preset}, device {session.device}, {torch.get_num_threads()} thread(s)"
+          + (", stand-in datasets" if standin else ""))
+    return session
+
+
+# ----------------------------------------------------------------------------- Colab badge and install cell
+
+CLONE_DIR = "pflkit-src"  # not "pflkit": a folder of that name in the working directory shadows the package
+
+_INSTALL_CELL = '''\
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "{clone}": a folder named "pflkit" here would shadow the package.
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+src = Path("{clone}").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "{url}.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()'''
+
+_BADGE = re.compile(r"\[!\[Open In Colab\]\((?P<img>[^)]*)\)\]\(https://colab\.research\.google\.com/github/[^)]*\)")
+
+
+def repository_url(pyproject: str | os.PathLike | None = None) -> str:
+    """``[project.urls] Repository`` of pyproject.toml (the one place the address is written)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(pyproject) if pyproject else Path(__file__).resolve().parent.parent / "pyproject.toml"
+    return tomllib.loads(path.read_text())["project"]["urls"]["Repository"].rstrip("/")
+
+
+def install_cell_source(repo_url: str) -> str:
+    """The guarded install cell's code for the repository at ``repo_url`` (``https://github.com/OWNER/REPO``)."""
+    return _INSTALL_CELL.format(clone=CLONE_DIR, url=repo_url.rstrip("/").removesuffix(".git"))
+
+
+def badge_target(repo_url: str, notebook: str) -> str:
+    """The Colab link opening ``notebook`` (a path relative to the repository root) from GitHub."""
+    owner_repo = repo_url.rstrip("/").removesuffix(".git").split("github.com/", 1)[1]
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/main/{notebook}"
+
+
+def _fix_badge(text: str, target: str) -> str:
+    return _BADGE.sub(lambda m: f"[![Open In Colab]({m['img']})]({target})", text)
+
+
+def _sync_py(path: Path, cell: str, target: str) -> str:
+    text = _fix_badge(path.read_text(), target)
+    pattern = re.compile(r'(# %% tags=\["install"\]\n)(.*?)(?=\n+# %%)', re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"{path}: no cell tagged 'install'")
+    return pattern.sub(lambda m: m[1] + cell, text, count=1)
+
+
+def _sync_ipynb(path: Path, cell: str, target: str) -> str:
+    nb = json.loads(path.read_text())
+    for c in nb["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] == "code" and "install" in c.get("metadata", {}).get("tags", []):
+            src = cell
+        elif c["cell_type"] == "markdown":
+            src = _fix_badge(src, target)
+        c["source"] = src.splitlines(keepends=True)
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def sync_install_cells(root: Path | None = None, repo_url: str | None = None) -> list[Path]:
+    """Rewrite the Colab badge and the install cell of every notebook (and its .py twin).
+
+    The address comes from pyproject.toml (`repository_url`). Returns the files that changed.
+    """
+    root = root or notebooks_dir()
+    repo_url = repo_url or repository_url()
+    cell = install_cell_source(repo_url)
+    changed = []
+    for nb in find_notebooks(root=root):
+        target = badge_target(repo_url, f"notebooks/{nb.relative_to(root).as_posix()}")
+        for path, sync in ((nb.with_suffix(".py"), _sync_py), (nb, _sync_ipynb)):
+            if not path.exists():
+                continue
+            new = sync(path, cell, target)
+            if new != path.read_text():
+                path.write_text(new)
+                changed.append(path)
+    return changed
+
+
+# ----------------------------------------------------------------------------- batch execution
 
 def notebooks_dir() -> Path:
     here = Path(__file__).resolve().parent.parent / "notebooks"
     if not here.is_dir():
         raise FileNotFoundError(f"no notebooks folder at {here}; run from a clone of the repository")
     return here
+
+
+def figures_root() -> Path:
+    """The repository's committed ``figures/`` folder (written only by ``pflkit notebooks --figures``)."""
+    return notebooks_dir().parent / "figures"
 
 
 def find_notebooks(only: str | None = None, root: Path | None = None) -> list[Path]:
@@ -27,13 +356,16 @@ def find_notebooks(only: str | None = None, root: Path | None = None) -> list[Pa
 
 
 def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Path = "notebooks_out",
-                  parameters: dict | None = None, kernel: str | None = None,
-                  only_names: list[str] | None = None) -> list[Path]:
+                  parameters: dict[str, Any] | None = None, kernel: str | None = None,
+                  only_names: list[str] | None = None, figures_dir: str | Path | None = None) -> list[Path]:
     """Execute notebooks with papermill into ``out`` (mirroring folders).
 
-    Every notebook receives ``preset`` and ``out_dir`` (plus ``parameters``) through its
-    cell tagged ``parameters``. A failing cell raises `papermill.PapermillExecutionError`
-    naming the notebook and the cell, after the partially executed copy is written.
+    Every notebook receives ``preset`` and ``out_dir`` (plus ``parameters``) through its cell
+    tagged ``parameters``. With ``figures_dir`` each notebook also gets ``figures_dir`` =
+    ``figures_dir/<its folder>`` (the batch command passes the repository's ``figures/``);
+    without it figures stay under each notebook's ``out_dir``. A failing cell raises
+    `papermill.PapermillExecutionError` naming the notebook and the cell, after the partially
+    executed copy is written.
     """
     import papermill as pm
 
@@ -51,6 +383,8 @@ def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Pat
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         params = {"preset": preset, "out_dir": str((out / rel.parent / rel.stem).resolve()), **(parameters or {})}
+        if figures_dir is not None:
+            params["figures_dir"] = str((Path(figures_dir) / rel.parent).resolve())
         log.info("executing %s", rel)
         pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name=kernel, cwd=str(nb.parent),
                             progress_bar=False)

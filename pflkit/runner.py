@@ -229,9 +229,13 @@ def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], publ
     }
 
 
+class RunMismatchError(ConfigError):
+    """``resume`` into a folder whose run was made with other settings or data (the message names them)."""
+
+
 RUN_FILE = "run.json"
 # settings that do not change the numbers a run gives (up to float tolerance) and may differ on resume
-NOT_FINGERPRINTED = ("seeds", "published", "title", "device", "kernels")
+NOT_FINGERPRINTED = ("seeds", "published", "title", "device", "kernels", "deviations")
 
 
 def fingerprint(cfg: ExperimentConfig, dataset) -> dict:
@@ -299,7 +303,7 @@ def prepare_folder(out: Path, fp: dict, *, resume: bool, overwrite: bool) -> Non
         stored = read_json(run_file)["fingerprint"]
         if fingerprint_hash(stored) != fingerprint_hash(json.loads(json.dumps(fp, default=str))):
             diff = config_differences(stored, json.loads(json.dumps(fp, default=str)))
-            raise ConfigError(f"--resume: the run in {out} was made with other settings: {'; '.join(diff[:8])}"
+            raise RunMismatchError(f"--resume: the run in {out} was made with other settings: {'; '.join(diff[:8])}"
                               f"{' ...' if len(diff) > 8 else ''}. Resume with the same settings, or start over "
                               "with --overwrite")
     write_json(run_file, {"fingerprint": fp, "hash": fingerprint_hash(fp)})

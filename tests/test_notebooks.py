@@ -1,36 +1,213 @@
-"""Every notebook executes at the smoke preset; each has its parameters cell and matches its .py twin."""
+"""Notebooks: structure, the Colab install cell, and execution at the smoke preset.
+
+Execution uses the datasets under ``$PFLKIT_DATA`` when it is set (CI sets it); without it every
+notebook runs with ``standin=True`` (sklearn digits in place of missing datasets, labelled as such).
+"""
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
-from pflkit.notebooks import find_notebooks, run_notebooks
+from pflkit.notebooks import find_notebooks, install_cell_source, repository_url, run_notebooks
 
 NOTEBOOKS = find_notebooks()
+# every notebook's parameters cell takes these (`pflkit.notebooks.setup`'s arguments)
+COMMON_PARAMETERS = {"preset", "out_dir", "data_root", "device", "download", "standin", "figures_dir", "seed"}
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _ids():
     return [str(p.relative_to(p.parents[1])) for p in NOTEBOOKS]
 
 
+def _cells(nb: Path) -> list[dict]:
+    return json.loads(nb.read_text())["cells"]
+
+
+def _text(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=_ids())
 def test_notebook_structure(nb):
-    cells = json.loads(nb.read_text())["cells"]
+    cells = _cells(nb)
     tags = [c.get("metadata", {}).get("tags", []) for c in cells]
     assert sum("parameters" in t for t in tags) == 1, "exactly one cell tagged 'parameters'"
-    src = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    import papermill as pm
+
+    params = set(pm.inspect_notebook(str(nb)))  # what papermill understands (a '=' or '(' in a comment hides a line)
+    assert COMMON_PARAMETERS <= params, f"parameters cell lacks {sorted(COMMON_PARAMETERS - params)}"
+    src = "".join(_text(c) for c in cells if c["cell_type"] == "code")
     assert not re.search(r"^\s*class \w+", src, re.MULTILINE), "notebooks import pflkit; they define no classes"
-    assert "colab.research.google.com" in "".join("".join(c["source"]) for c in cells)
+    # data come through setup's data_root / $PFLKIT_DATA, never a folder relative to the checkout
+    assert not re.search(r"(\.\./)+\w+/data\b", "".join(_text(c) for c in cells)), "a fixed data path"
     twin = nb.with_suffix(".py")
     if twin.exists():
         import jupytext
 
         code = [c["source"] for c in jupytext.read(twin).cells if c["cell_type"] == "code"]
-        assert code == ["".join(c["source"]) for c in cells if c["cell_type"] == "code"], f"{twin} out of sync"
+        assert code == [_text(c) for c in cells if c["cell_type"] == "code"], f"{twin} out of sync"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=_ids())
+def test_badge_and_install_cell_follow_pyproject(nb):
+    url = repository_url()
+    cells = _cells(nb)
+    rel = nb.relative_to(REPO).as_posix()
+    badge = f"https://colab.research.google.com/github/{url.split('github.com/')[1]}/blob/main/{rel}"
+    links = re.findall(r"\]\((https://colab\.research\.google\.com/github/[^)]*)\)", "".join(map(_text, cells)))
+    assert links == [badge]
+    install = [_text(c) for c in cells if "install" in c.get("metadata", {}).get("tags", [])]
+    assert install == [install_cell_source(url)], "run pflkit.notebooks.sync_install_cells()"
+    assert f'"{url}.git"' in install[0]
+
+
+# ----------------------------------------------------------------------------- the setup helper
+
+
+@pytest.fixture(autouse=True)
+def _keep_process_settings():
+    """`setup` sets torch's threads and matplotlib's defaults: give other tests theirs back."""
+    import matplotlib as mpl
+    import torch
+
+    threads, rc = torch.get_num_threads(), dict(mpl.rcParams)
+    yield
+    torch.set_num_threads(threads)
+    mpl.rcParams.update(rc)
+
+
+def test_setup_makes_folders_and_says_smoke_numbers_are_meaningless(tmp_path, capsys):
+    from pflkit.notebooks import setup
+
+    s = setup("smoke", str(tmp_path / "run"), threads=1)
+    assert "meaningless" in capsys.readouterr().out
+    assert s.device in ("cpu", "cuda") and s.out.is_dir() and s.figures == s.out / "figures" and s.figures.is_dir()
+    assert s.figure("a.png") == s.figures / "a.png"
+    cfg = s.resolve("fedl2p_table2_a0p1_e5", "data.partition.alpha=0.5")
+    assert (cfg.data.dataset, cfg.seed, cfg.device, cfg.data.partition["alpha"]) == ("cifar10", 0, s.device, 0.5)
+    assert s.paper_header(cfg) == "paper" and s.dataset_label(cfg) == "CIFAR-10"
+    other = setup("cpu", str(tmp_path / "b"), figures_dir=str(tmp_path / "figs"), threads=1)
+    assert other.figures == tmp_path / "figs" and "meaningless" not in capsys.readouterr().out
+
+
+def test_standin_is_used_only_when_asked_and_labelled(tmp_path):
+    from pflkit.notebooks import setup
+
+    s = setup("smoke", str(tmp_path), standin=True, threads=1)
+    cfg = s.resolve("fedl2p_table2_a0p1_e5")
+    assert (cfg.data.dataset, cfg.model.name) == ("digits", "digits_cnn")
+    assert s.dataset_label(cfg) == "sklearn digits (STAND-IN for CIFAR-10)"
+    assert s.paper_header(cfg) == "paper (on CIFAR-10)"
+    assert s.load("cifar10").meta.name == "digits"
+    assert s.resolve("fedl2p_table4_fsdd_e5").data.scheme == "dirichlet"  # digits have no speakers
+    demo = s.resolve("demo")
+    assert s.dataset_label(demo) == "sklearn digits" and s.paper_header(demo) == "paper"
+
+
+def test_setup_refuses_a_device_the_machine_lacks(tmp_path):
+    import torch
+
+    from pflkit.notebooks import setup
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="device='cuda'"):
+        setup("smoke", str(tmp_path), device="cuda", threads=1)
+
+
+# ----------------------------------------------------------------------------- the install cell in a fresh Python
+
+_DRIVER = """
+import json, os, subprocess, sys
+calls = []
+def fake_run(cmd, *args, **kwargs):  # git and pip stubs: log the call; a clone is a link to the repository
+    calls.append([os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd)])
+    if cmd[0] == "git":
+        os.symlink(os.environ["REPO_ROOT"], cmd[-1])
+    return subprocess.CompletedProcess(cmd, 0)
+subprocess.run = fake_run
+exec(compile(open(os.environ["CELL_FILE"]).read(), "install-cell", "exec"))
+import pflkit.data.datasets
+print(json.dumps({"calls": calls, "file": pflkit.__file__}))
+"""
+
+
+def _run_install_cell(cwd: Path, tmp_path: Path) -> dict:
+    cell = tmp_path / "cell.py"
+    cell.write_text(install_cell_source(repository_url()))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(REPO_ROOT=str(REPO), CELL_FILE=str(cell))
+    # `python -c` puts the working directory first on sys.path, as a notebook kernel does
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_DRIVER)], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_install_cell_skips_when_installed_despite_a_pflkit_folder(tmp_path):
+    """After "Restart runtime": a clone exists and a folder named pflkit/ sits in the working directory."""
+    work = tmp_path / "content"
+    work.mkdir()
+    (work / "pflkit").symlink_to(REPO)  # an old-style clone: a namespace package shadowing the install
+    (work / "pflkit-src").symlink_to(REPO)
+    got = _run_install_cell(work, tmp_path)
+    assert got["calls"] == []
+    assert got["file"].endswith(os.path.join("pflkit", "__init__.py"))
+
+
+def test_install_cell_clones_and_installs_when_only_a_stray_folder_imports(tmp_path):
+    work = tmp_path / "content"
+    work.mkdir()
+    (work / "pflkit").symlink_to(REPO)
+    got = _run_install_cell(work, tmp_path)
+    assert [c[:2] for c in got["calls"]] == [["git", "clone"], [os.path.basename(sys.executable), "-m"]]
+    assert Path(got["calls"][0][-1]).resolve() == (work / "pflkit-src").resolve()
+    assert "pip" in got["calls"][1] and "-e" in got["calls"][1]
+    assert (work / "pflkit-src").is_symlink()
+    # importable in the same process, without a restart, from the fresh clone
+    assert Path(got["file"]).parent.parent.name == "pflkit-src"
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def _data_parameters() -> dict:
+    root = os.environ.get("PFLKIT_DATA")
+    return {"data_root": root} if root else {"standin": True}
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=_ids())
 def test_notebook_runs_at_smoke(nb, tmp_path):
-    folder = nb.parent.name
-    done = run_notebooks("smoke", folder, tmp_path, only_names=[nb.name])
+    done = run_notebooks("smoke", nb.parent.name, tmp_path, parameters=_data_parameters(), only_names=[nb.name])
     assert done and done[0].exists()
+
+
+def _outputs(nb: Path) -> str:
+    out = []
+    for c in _cells(nb):
+        for o in c.get("outputs", []):
+            out.append("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")))
+    return "\n".join(out)
+
+
+def test_missing_dataset_stops_the_notebook_unless_standin(tmp_path, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+
+    monkeypatch.setenv("PFLKIT_DATA", "")
+    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
+    monkeypatch.setenv("PFLKIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(PapermillExecutionError) as err:
+        run_notebooks("smoke", "fedl2p", tmp_path / "missing", only_names=["02_label_shift.ipynb"])
+    assert err.value.ename == "DatasetNotFoundError"
+    assert "cifar10" in err.value.evalue
+    done = run_notebooks("smoke", "fedl2p", tmp_path / "standin", parameters={"standin": True},
+                         only_names=["02_label_shift.ipynb"])
+    text = _outputs(done[0])
+    assert "sklearn digits (STAND-IN for CIFAR-10)" in text
+    assert "paper (on CIFAR-10)" in text

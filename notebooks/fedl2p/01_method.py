@@ -34,41 +34,54 @@
 # (sklearn digits with label shift: FedAvg, FT (BN C / G / I), FedL2P) and looks at what FedL2P learned.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/fedl2p_method"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
+standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
+figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
 seed = 0
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from pflkit.experiments import resolve
-from pflkit.io import read_json
 from pflkit.models.mixed_bn import convert_bn, init_client_stats, set_bn_mode
 from pflkit.report.fedl2p import beta_summary, load_report, plot_hyperparameters, versus_finetuning
 from pflkit.report.figures import plot_methods, save_figure
-from pflkit.report.tables import format_table
-from pflkit.runner import run_experiment
+from pflkit.notebooks import setup
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tiny models on a shared CPU: one thread avoids oversubscription
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/fedl2p")
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
 
 # %% [markdown]
 # ## 1. beta on one batch-norm layer (Eq. 2)
@@ -96,24 +109,24 @@ ax.plot([r[0] for r in rows], [r[2] for r in rows], "s-", label="std")
 ax.set_xlabel("beta")
 ax.set_title("BN output on a shifted client")
 ax.legend()
-save_figure(fig, fig_dir / "method_beta_one_layer.png")
+save_figure(fig, session.figure("method_beta_one_layer.png"))
 plt.show()
 
 # %% [markdown]
 # ## 2. The demo: FedAvg, three ways to fine-tune, and FedL2P
-# `run_experiment` pretrains with FedAvg, tests the global model, fine-tunes it per client with each fixed BN
-# mode (lr and epochs fixed by hand), then learns FedL2P's meta-nets over a few rounds and personalizes every
-# client with its own beta and eta. The same from a shell: `pflkit demo`.
+# `session.run` (`pflkit.runner.run_experiment`) pretrains with FedAvg, tests the global model, fine-tunes it
+# per client with each fixed BN mode (lr and epochs fixed by hand), then learns FedL2P's meta-nets over a few
+# rounds and personalizes every client with its own beta and eta. The same from a shell: `pflkit demo`.
 
 # %%
-cfg = resolve("demo", preset, [f"seed={seed}"])
-results = run_experiment(cfg, out, data_root=data_root, progress=False)
-print(format_table(results))
+results = session.run("demo")
+run_dir = session.run_dir("demo")
+print(session.format_table(results))
 print(versus_finetuning(results))
 
 # %%
 ax = plot_methods(results)
-save_figure(ax.figure, fig_dir / "method_demo_accuracy.png")
+save_figure(ax.figure, session.figure("method_demo_accuracy.png"))
 plt.show()
 
 # %% [markdown]
@@ -125,10 +138,10 @@ plt.show()
 # with the few rounds of the small presets it moves only part of the way.
 
 # %%
-report = load_report(out, "FedL2P", seed)
+report = load_report(run_dir, "FedL2P", seed)
 print(beta_summary(report))
 fig = plot_hyperparameters(report, f"FedL2P on the demo (preset {preset})")
-save_figure(fig, fig_dir / "method_hyperparameters.png")
+save_figure(fig, session.figure("method_hyperparameters.png"))
 plt.show()
 
 # %% [markdown]
@@ -142,6 +155,6 @@ fig, ax = plt.subplots(figsize=(4.5, 3))
 ax.scatter(xi, b0)
 ax.set_xlabel("xi of the first BN layer (Eq. 3)")
 ax.set_ylabel("beta of the first BN layer")
-save_figure(fig, fig_dir / "method_xi_beta.png")
+save_figure(fig, session.figure("method_xi_beta.png"))
 plt.show()
-print("history of the meta-learning rounds:", read_json(out / "results.json")["rounds"]["FedL2P"][f"seed{seed}"][:2])
+print("history of the meta-learning rounds:", results["rounds"]["FedL2P"][f"seed{seed}"][:2])

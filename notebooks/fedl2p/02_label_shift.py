@@ -25,26 +25,52 @@
 # The paper's finding to look for: all clients draw from one image domain, so the learned beta goes to 0
 # (keep the pretrained BN statistics, Fig. 2a) and FedL2P lands at or above the best hand-picked baseline.
 #
-# Every row is a file in `experiments/fedl2p/` (`fedl2p_table2_a0p1_e5`, `fedl2p_table1_fedbabu_a0p5`, ...);
-# from a shell: `pflkit run fedl2p_table2_a0p1_e5 --preset cpu --data-root ../shared/data --out runs/t2_a0p1_e5`.
+# Every row is a file in `pflkit/catalog/fedl2p/` (`fedl2p_table2_a0p1_e5`, `fedl2p_table1_fedbabu_a0p5`, ...);
+# from a shell: `pflkit run fedl2p_table2_a0p1_e5 --preset cpu --data-root ~/data --out runs/t2_a0p1_e5`.
 # Set `results_root` to a folder of such runs (`<results_root>/<experiment>/results.json`) to render them
 # without retraining; otherwise this notebook runs the row given by `alpha` and `epochs`.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
+
+# %% [markdown]
+# **Data.** Datasets are read from `data_root`, then `$PFLKIT_DATA`, then pflkit's cache, or downloaded when
+# `download` is on (`data/README.md` says how to get each one); a missing dataset stops the notebook with an error
+# that says where it looked. `standin = True` runs the same methods on sklearn digits instead: titles and tables
+# then say STAND-IN, and the paper's column names the paper's dataset.
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/fedl2p_label_shift"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
+standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
+figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
 seed = 0
 seeds = 1
 alpha = "0p1"  # one of 1000, 1p0, 0p5, 0p1
@@ -56,29 +82,17 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 
-from pflkit.data.datasets import load_dataset
-from pflkit.data.base import DatasetNotFoundError
-from pflkit.experiments import resolve
 from pflkit.io import read_json
+from pflkit.notebooks import setup
 from pflkit.report.fedl2p import beta_summary, load_report, plot_hyperparameters, versus_finetuning
 from pflkit.report.figures import plot_methods, save_figure
-from pflkit.report.tables import compare_table, format_table
-from pflkit.runner import run_experiment
+from pflkit.report.tables import compare_table
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tiny models on a shared CPU: one thread avoids oversubscription
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/fedl2p")
-shared = Path("../../../shared/data")
-root = data_root or (str(shared) if shared.is_dir() else None)
-try:
-    load_dataset("cifar10", root)
-    name = f"fedl2p_table2_a{alpha}_e{epochs}"
-except DatasetNotFoundError:
-    print("CIFAR-10 not found: running the embedded digits demo instead (same methods, other data)")
-    name = "demo"
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+name = f"fedl2p_table2_a{alpha}_e{epochs}"
+print(name, "|", session.dataset_label(session.resolve(name)))
 
 # %% [markdown]
 # ## 1. One row of Table 2
@@ -86,18 +100,16 @@ except DatasetNotFoundError:
 # FT baselines, L2P and FedL2P. Accuracy is the mean over clients of each client's test accuracy.
 
 # %%
-run_dir = Path(results_root) / name if results_root else out / name
-if results_root and (run_dir / "results.json").exists():
-    results = read_json(run_dir / "results.json")
-else:
-    cfg = resolve(name, preset, [f"seed={seed}", f"seeds={seeds}"])
-    results = run_experiment(cfg, run_dir, data_root=root, progress=False)
-print(format_table(results))
+results = session.run(name, f"seeds={seeds}", results_root=results_root)
+run_dir = session.run_dir(name, results_root)
+data_label = session.dataset_label(results)
+print(session.format_table(results))
 print("FedL2P vs the best FT baseline:", versus_finetuning(results))
 
 # %%
 ax = plot_methods(results)
-save_figure(ax.figure, fig_dir / f"{name}_methods.png")
+ax.set_title(f"{name}: {data_label}")
+save_figure(ax.figure, session.figure(f"{name}_methods.png"))
 plt.show()
 
 # %% [markdown]
@@ -109,8 +121,8 @@ plt.show()
 # %%
 report = load_report(run_dir, "FedL2P", seed)
 print(beta_summary(report))
-fig = plot_hyperparameters(report, f"{name}: FedL2P's hyperparameters (preset {preset})")
-save_figure(fig, fig_dir / f"{name}_hyperparameters.png")
+fig = plot_hyperparameters(report, f"{name} ({data_label}): FedL2P's hyperparameters (preset {preset})")
+save_figure(fig, session.figure(f"{name}_hyperparameters.png"))
 plt.show()
 
 # %% [markdown]
@@ -124,8 +136,10 @@ rows = []
 for res in runs:
     c = res["config"]
     for label, m in res["methods"].items():
-        rows.append({"experiment": c["name"], "method": label, "ours": m["acc_mean"], "paper": m["published"]})
-table = pd.DataFrame(rows).pivot_table(index=["experiment", "method"], values=["ours", "paper"], aggfunc="first")
+        rows.append({"experiment": c["name"], "dataset": session.dataset_label(res), "method": label,
+                     "ours": m["acc_mean"], session.paper_header(res): m["published"]})
+values = ["ours", *sorted({k for r in rows for k in r if k.startswith("paper")})]
+table = pd.DataFrame(rows).pivot_table(index=["experiment", "dataset", "method"], values=values, aggfunc="first")
 table.round(2)
 
 # %%

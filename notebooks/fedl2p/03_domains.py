@@ -27,62 +27,72 @@
 #
 # Parameters: `dataset` is `digits` (MNIST / MNIST-M / USPS, offline), `cifar10c`, `domainnet` or `caltech10`;
 # `alpha` the Dirichlet row (`1000`, `1p0`, `0p5`, `0p1`; `c3` / ignored for the one-client-per-domain rows);
-# `table` 3, 5 or 8. The run is `experiments/fedl2p/fedl2p_table{table}_{dataset}_a{alpha}.toml`.
+# `table` 3, 5 or 8. The run is `pflkit/catalog/fedl2p/fedl2p_table{table}_{dataset}_a{alpha}.toml`.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
+
+# %% [markdown]
+# **Data.** Datasets are read from `data_root`, then `$PFLKIT_DATA`, then pflkit's cache, or downloaded when
+# `download` is on (`data/README.md` says how to get each one); a missing dataset stops the notebook with an error
+# that says where it looked. `standin = True` runs the same methods on sklearn digits instead: titles and tables
+# then say STAND-IN, and the paper's column names the paper's dataset.
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/fedl2p_domains"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
+standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
+figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
 seed = 0
 seeds = 1
 dataset = "digits"  # digits, cifar10c, domainnet, caltech10
-alpha = "0p5"  # 1000, 1p0, 0p5, 0p1 (caltech10 and the digits "c3" row have one client per domain)
+alpha = "0p5"  # 1000, 1p0, 0p5, 0p1; c3: the digits row with one client per domain; caltech10 ignores it
 table = 3  # 3, 5 or 8
 results_root = None
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
-from pflkit.data.base import DatasetNotFoundError
 from pflkit.data.corruptions import CORRUPTIONS, corrupt
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
-from pflkit.io import read_json
+from pflkit.notebooks import setup
 from pflkit.report.fedl2p import beta_summary, client_groups, load_report, plot_hyperparameters, versus_finetuning
 from pflkit.report.figures import plot_methods, save_figure
-from pflkit.report.tables import format_table
-from pflkit.runner import run_experiment
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tiny models on a shared CPU: one thread avoids oversubscription
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/fedl2p")
-shared = Path("../../../shared/data")
-root = data_root or (str(shared) if shared.is_dir() else None)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
 suffix = "" if dataset == "caltech10" else ("_c3" if alpha == "c3" else f"_a{alpha}")
 name = f"fedl2p_table{table}_{dataset}{suffix}"
-cfg = resolve(name, preset, [f"seed={seed}", f"seeds={seeds}"])
-try:
-    load_dataset(cfg.data.dataset, root, **cfg.data.options)
-except DatasetNotFoundError as err:
-    print(f"{cfg.data.dataset} not found ({str(err).splitlines()[0]}): running the embedded digits demo instead")
-    name, cfg = "demo", resolve("demo", preset, [f"seed={seed}"])
-print(name, "-", cfg.title)
+cfg = session.resolve(name, f"seeds={seeds}")
+data_label = session.dataset_label(cfg)
+print(name, "-", cfg.title, "|", data_label)
 
 # %% [markdown]
 # ## 1. What the corruptions look like
@@ -90,33 +100,31 @@ print(name, "-", cfg.title)
 # procedural frost texture since the published photographs are not shipped). Rows: clean, then each corruption.
 
 # %%
-try:
-    clean = load_dataset("cifar10", root).x_test[:6].permute(0, 2, 3, 1).numpy()
+if cfg.data.dataset == "cifar10c":
+    clean = session.load("cifar10").x_test[:6].permute(0, 2, 3, 1).numpy()
     grid = np.concatenate([np.concatenate(list(clean), 1)] +
                           [np.concatenate(list(corrupt(clean, c, 3, seed=seed)), 1) for c in CORRUPTIONS], 0)
     fig, ax = plt.subplots(figsize=(6, 11))
     ax.imshow(grid)
     ax.set_yticks(16 + 32 * np.arange(len(CORRUPTIONS) + 1), ["clean", *CORRUPTIONS])
     ax.set_xticks([])
-    save_figure(fig, fig_dir / "cifar10c_examples.png")
+    save_figure(fig, session.figure("cifar10c_examples.png"))
     plt.show()
-except DatasetNotFoundError:
-    print("CIFAR-10 not found: no corruption examples")
+else:
+    print(f"this run is on {data_label}: corruption examples are shown for dataset = 'cifar10c'")
 
 # %% [markdown]
 # ## 2. The table row
 
 # %%
-run_dir = Path(results_root) / name if results_root else out / name
-if results_root and (run_dir / "results.json").exists():
-    results = read_json(run_dir / "results.json")
-else:
-    results = run_experiment(cfg, run_dir, data_root=root, progress=False)
-print(format_table(results))
+results = session.run(name, f"seeds={seeds}", results_root=results_root)
+run_dir = session.run_dir(name, results_root)
+print(session.format_table(results))
 label = "FedL2P (IFT)" if "FedL2P (IFT)" in results["methods"] else "FedL2P"
 print(f"{label} vs the best FT baseline:", versus_finetuning(results, label))
 ax = plot_methods(results)
-save_figure(ax.figure, fig_dir / f"{name}_methods.png")
+ax.set_title(f"{name}: {session.dataset_label(results)}")
+save_figure(ax.figure, session.figure(f"{name}_methods.png"))
 plt.show()
 
 # %% [markdown]
@@ -127,22 +135,22 @@ plt.show()
 # %%
 report = load_report(run_dir, label, seed)
 print(beta_summary(report))
-key = "corruption" if cfg.data.dataset == "cifar10c" else "domain"
+key = "corruption" if results["config"]["data"]["dataset"] == "cifar10c" else "domain"
 try:
     groups = client_groups(run_dir, key, seed)
-    names = load_dataset(cfg.data.dataset, root, **cfg.data.options).meta.group_names.get(key)
+    names = session.load(cfg.data.dataset, **cfg.data.options).meta.group_names.get(key)
     mean_beta = np.array([np.mean(list(r["beta"].values())) for r in report])
     fig, ax = plt.subplots(figsize=(5, 3))
     ids = np.unique(groups)
     ax.boxplot([mean_beta[groups == g] for g in ids], tick_labels=[names[g] if names else g for g in ids])
     ax.set_ylabel("client's mean beta")
     ax.tick_params(axis="x", rotation=45)
-    save_figure(fig, fig_dir / f"{name}_beta_by_domain.png")
+    save_figure(fig, session.figure(f"{name}_beta_by_domain.png"))
     plt.show()
 except KeyError as err:
-    print(err)
+    print(f"no per-client {key} groups on {data_label}: {err}")
 
 # %%
-fig = plot_hyperparameters(report, f"{name}: {label}'s hyperparameters (preset {preset})")
-save_figure(fig, fig_dir / f"{name}_hyperparameters.png")
+fig = plot_hyperparameters(report, f"{name} ({data_label}): {label}'s hyperparameters (preset {preset})")
+save_figure(fig, session.figure(f"{name}_hyperparameters.png"))
 plt.show()

@@ -23,79 +23,87 @@
 # while fine-tuning with the pretrained BN statistics, BN G, fails on new speakers).
 #
 # Offline, the Free Spoken Digit Dataset plays this role: six speakers, one client each, four seen and two
-# unseen (`experiments/fedl2p/fedl2p_table4_fsdd_e5.toml`; the Speech Commands rows are
+# unseen (`pflkit/catalog/fedl2p/fedl2p_table4_fsdd_e5.toml`; the Speech Commands rows are
 # `fedl2p_table4_speech_commands_e*`). The runner reports the unseen pool in
 # `results["methods"][label]["unseen"]`; `acc_mean` is over the seen pool.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
+
+# %% [markdown]
+# **Data.** Datasets are read from `data_root`, then `$PFLKIT_DATA`, then pflkit's cache, or downloaded when
+# `download` is on (`data/README.md` says how to get each one); a missing dataset stops the notebook with an error
+# that says where it looked. `standin = True` runs the same methods on sklearn digits instead: titles and tables
+# then say STAND-IN, and the paper's column names the paper's dataset.
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/fedl2p_unseen"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
+standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
+figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
 seed = 0
 seeds = 1
-source = "fsdd"  # fsdd (offline) or speech_commands
+source = "fsdd"  # fsdd, offline, or speech_commands
 epochs = 5  # 5 or 15
 results_root = None
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import torch
 
-from pflkit.data.base import DatasetNotFoundError
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
-from pflkit.io import read_json
+from pflkit.notebooks import setup
 from pflkit.report.fedl2p import client_info, load_report, versus_finetuning
 from pflkit.report.figures import save_figure
-from pflkit.runner import run_experiment
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tiny models on a shared CPU: one thread avoids oversubscription
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/fedl2p")
-shared = Path("../../../shared/data")
-root = data_root or (str(shared) if shared.is_dir() else None)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
 name = f"fedl2p_table4_{source}_e{epochs}"
-cfg = resolve(name, preset, [f"seed={seed}", f"seeds={seeds}"])
-try:
-    load_dataset(cfg.data.dataset, root, **cfg.data.options)
-except DatasetNotFoundError:
-    print(f"{cfg.data.dataset} not found: running the embedded digits demo with 2 unseen clients instead")
-    name, cfg = "demo", resolve("demo", preset, [f"seed={seed}", "data.unseen_clients=2"])
-print(name, "-", cfg.title)
+cfg = session.resolve(name, f"seeds={seeds}")
+print(name, "-", cfg.title, "|", session.dataset_label(cfg))
 
 # %% [markdown]
 # ## 1. Seen and unseen pools
 
 # %%
-run_dir = Path(results_root) / name if results_root else out / name
-if results_root and (run_dir / "results.json").exists():
-    results = read_json(run_dir / "results.json")
-else:
-    results = run_experiment(cfg, run_dir, data_root=root, progress=False)
+results = session.run(name, f"seeds={seeds}", results_root=results_root)
+run_dir = session.run_dir(name, results_root)
+data_label, paper = session.dataset_label(results), session.paper_header(results)
 published = results["config"]["published"]
 rows = []
 for label, m in results["methods"].items():
     unseen = (m.get("unseen") or {}).get("acc_mean")
-    rows.append({"method": label, "seen": m["acc_mean"], "paper seen": published.get(label),
-                 "unseen": unseen, "paper unseen": published.get(f"{label} (unseen)")})
+    rows.append({"method": label, "seen": m["acc_mean"], f"{paper} seen": published.get(label),
+                 "unseen": unseen, f"{paper} unseen": published.get(f"{label} (unseen)")})
 table = pd.DataFrame(rows).set_index("method")
-print(f"{name} - preset {preset}; mean over clients of per-client test accuracy (%)")
+print(f"{name} on {data_label} - preset {preset}; mean over clients of per-client test accuracy (%)")
 table.round(2)
 
 # %%
@@ -107,8 +115,9 @@ ax.bar(x - 0.2, table["seen"], 0.4, label="seen")
 ax.bar(x + 0.2, table["unseen"].astype(float), 0.4, label="unseen")
 ax.set_xticks(x, table.index, rotation=20)
 ax.set_ylabel("accuracy (%)")
+ax.set_title(f"{name}: {data_label}")
 ax.legend()
-save_figure(fig, fig_dir / f"{name}_pools.png")
+save_figure(fig, session.figure(f"{name}_pools.png"))
 plt.show()
 
 # %% [markdown]

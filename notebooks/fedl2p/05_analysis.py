@@ -25,25 +25,51 @@
 # different domains are farther apart than clients of the same domain. **Fig. 2 / 4** shows the learned beta and
 # eta across clients and the sparsity per scenario.
 #
-# The run is `experiments/fedl2p/fedl2p_analysis_digits.toml` (MNIST / MNIST-M / USPS, 3 domains x 10 clients,
+# The run is `pflkit/catalog/fedl2p/fedl2p_analysis_digits.toml` (MNIST / MNIST-M / USPS, 3 domains x 10 clients,
 # Dir(0.5): the offline stand-in for DomainNet alpha = 0.5). Point `results_root` at a folder of runs
 # (`<results_root>/<experiment>/`) to render them; label-shift and CIFAR-10-C runs found there join Fig. 2.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
+
+# %% [markdown]
+# **Data.** Datasets are read from `data_root`, then `$PFLKIT_DATA`, then pflkit's cache, or downloaded when
+# `download` is on (`data/README.md` says how to get each one); a missing dataset stops the notebook with an error
+# that says where it looked. `standin = True` runs the same methods on sklearn digits instead: titles and tables
+# then say STAND-IN, and the paper's column names the paper's dataset.
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/fedl2p_analysis"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
+standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
+figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
 seed = 0
 experiment = "fedl2p_analysis_digits"
 results_root = None
@@ -53,47 +79,37 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
 from pflkit.analysis.clustering import cluster_ari, report_matrix
-from pflkit.data.base import DatasetNotFoundError
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
-from pflkit.io import read_json
+from pflkit.notebooks import setup
 from pflkit.report.fedl2p import (
     PUBLISHED_ARI, ari_table, beta_summary, client_groups, load_report, plot_distance_map, plot_hyperparameters,
     plot_sparsity, report_path,
 )
 from pflkit.report.figures import save_figure
-from pflkit.report.tables import format_table
-from pflkit.runner import run_experiment
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tiny models on a shared CPU: one thread avoids oversubscription
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/fedl2p")
-shared = Path("../../../shared/data")
-root = data_root or (str(shared) if shared.is_dir() else None)
-cfg = resolve(experiment, preset, [f"seed={seed}"])
-key = "corruption" if cfg.data.dataset == "cifar10c" else "domain"
-try:
-    names = load_dataset(cfg.data.dataset, root, **cfg.data.options).meta.group_names[key]
-except DatasetNotFoundError:
-    print(f"{cfg.data.dataset} not found: running the embedded digits demo, which has no domains; three arbitrary "
-          "client groups stand in for them, so the ARIs below only show the pipeline (expect about 0)")
-    cfg, key, names = resolve("demo", preset, [f"seed={seed}"]), None, None
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+cfg = session.resolve(experiment)
+data_label = session.dataset_label(cfg)
+print(experiment, "|", data_label)
 
 # %% [markdown]
 # ## 1. The run
 
 # %%
-run_dir = Path(results_root) / cfg.name if results_root else out / cfg.name
-if not (results_root and (run_dir / "results.json").exists()):
-    run_experiment(cfg, run_dir, data_root=root, progress=False)
-results = read_json(run_dir / "results.json")
-print(format_table(results))
+results = session.run(experiment, results_root=results_root)
+run_dir = session.run_dir(experiment, results_root)
+data_label = session.dataset_label(results)
+print(session.format_table(results))
 report = load_report(run_dir, "FedL2P", seed)
-domains = client_groups(run_dir, key, seed) if key is not None else np.arange(len(report)) % 3
+used = results["config"]["data"]["dataset"]
+key = "corruption" if used == "cifar10c" else "domain"
+names = session.load(used, **results["config"]["data"]["options"]).meta.group_names.get(key)
+if names is None:
+    print(f"{data_label} has no {key}s: three arbitrary client groups stand in for them, so the ARIs below "
+          "only show the pipeline (expect about 0)")
+domains = client_groups(run_dir, key, seed) if names is not None else np.arange(len(report)) % 3
 print("clients per domain:", dict(zip(*np.unique(domains, return_counts=True))))
 
 # %% [markdown]
@@ -103,6 +119,7 @@ print("clients per domain:", dict(zip(*np.unique(domains, return_counts=True))))
 
 # %%
 table = ari_table(report, domains, PUBLISHED_ARI[("DomainNet", 0.5)], seed=seed)
+table = table.rename(columns={"ARI": f"ARI on {data_label}", "paper": "paper (on DomainNet, alpha 0.5)"})
 rng = np.random.default_rng(seed)
 table["random features"] = [round(cluster_ari(rng.normal(size=report_matrix(report, q).shape), domains), 3)
                             for q in table["quantity"]]
@@ -115,8 +132,8 @@ table
 fig, axes = plt.subplots(1, 4, figsize=(18, 3.8), gridspec_kw={"wspace": 0.5})
 for ax, q in zip(axes, ("xi", "beta", "features", "eta")):
     plot_distance_map(report, domains, q, names=names, ax=ax, title=q)
-fig.suptitle(f"{cfg.name}: log normalized distances (> 0 off the diagonal = domains apart)")
-save_figure(fig, fig_dir / f"{cfg.name}_distance_maps.png")
+fig.suptitle(f"{cfg.name} ({data_label}): log normalized distances (> 0 off the diagonal = domains apart)")
+save_figure(fig, session.figure(f"{cfg.name}_distance_maps.png"))
 plt.show()
 
 # %% [markdown]
@@ -126,8 +143,8 @@ plt.show()
 
 # %%
 print("this run:", beta_summary(report))
-fig = plot_hyperparameters(report, f"{cfg.name} (preset {preset})")
-save_figure(fig, fig_dir / f"{cfg.name}_hyperparameters.png")
+fig = plot_hyperparameters(report, f"{cfg.name} ({data_label}, preset {preset})")
+save_figure(fig, session.figure(f"{cfg.name}_hyperparameters.png"))
 plt.show()
 
 # %%
@@ -140,5 +157,5 @@ for label, rows in scenarios.items():
     print(f"{label:28s} mean beta {s['mean']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}), "
           f"sparsity {s['sparsity']:.3f}")
 ax = plot_sparsity(scenarios)
-save_figure(ax.figure, fig_dir / "fedl2p_sparsity_by_scenario.png")
+save_figure(ax.figure, session.figure("fedl2p_sparsity_by_scenario.png"))
 plt.show()

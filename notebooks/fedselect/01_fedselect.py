@@ -39,27 +39,51 @@
 # `preset`: `smoke` (seconds, what the tests run), `cpu` (the numbers of the README: a small LeNet trained
 # from scratch on the offline CIFAR-10 subset, 30 rounds), `paper` (ImageNet-pretrained ResNet-18,
 # 200 rounds: a GPU job). A preset changes sizes only, never the algorithm.
+#
+# **Data and device.** CIFAR-10 is read from `data_root` or `$PFLKIT_DATA`, or downloaded with `download=True`
+# (see `data/README.md`); when none of these works the notebook stops with an error naming it. `standin=True`
+# runs sklearn's digits instead (with a small CNN) for Table 1 and the figures, and every title, table and
+# printout then names the stand-in. `device="auto"` uses a GPU when there is one; figures go to `figures_dir`
+# (default `out_dir/figures`).
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
 preset = "cpu"
 out_dir = "runs/fedselect"
 data_root = None
+device = "auto"
+download = True
+standin = False
+figures_dir = None
 seed = 0
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -69,29 +93,19 @@ from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.base import Env
 from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
-from pflkit.data.base import DatasetNotFoundError
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model, head_param_names
+from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
-from pflkit.report.tables import format_table, results_table
+from pflkit.report.tables import results_table
 from pflkit.runner import initial_model, make_env, run_experiment
 
-out = Path(out_dir)
-# figures from full runs go to the repository's figures/ folder; smoke runs keep theirs in out_dir
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/fedselect")
-root = data_root or ("../../../shared/data" if Path("../../../shared/data").is_dir() else None)
-try:
-    load_dataset("cifar10", root)
-    fallback = []
-except DatasetNotFoundError:
-    # no CIFAR-10 here (fresh CI / Colab without download): the embedded digits keep the notebook running
-    fallback = ["data.dataset=digits", "model.name=digits_cnn", "model.options={}",
-                "data.partition.samples_per_class=[20, 10]"]
-    print("CIFAR-10 not found: running on the embedded digits instead (numbers are not comparable to the paper)")
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
 SETTINGS = (2, 4)
+# the digits stand-in keeps FedSelect's paired train / test shards, with fewer test samples per class
+shards = ["data.split=paired", "data.partition.samples_per_class=[20, 8]"] if session.standin else []
 
 # %% [markdown]
 # ## 1. GradLTN on a small model
@@ -101,10 +115,10 @@ SETTINGS = (2, 4)
 # The candidate share therefore falls as p^i, and the entries that survive L iterations are personal.
 
 # %%
-digits = load_dataset("digits")
+digits = session.load("digits")
 small = build_federation(digits, "shards", 4, seed=seed, split="paired", val_fraction=0.0,
                          classes_per_client=2, samples_per_class=(20, 10))
-env = Env(model_fn=lambda: build_model("digits_cnn", num_classes=10, input_shape=(1, 8, 8)), seed=seed)
+env = Env(model_fn=lambda: build_model("digits_cnn", num_classes=10, input_shape=(1, 8, 8)), seed=seed)  # tiny: on the CPU
 env.seed_torch("init")
 model = env.model_fn()
 ltn_cfg = get_algorithm("fedselect").make_config({
@@ -134,7 +148,7 @@ axes[1].set_xscale("log")
 axes[1].set_xlabel("|theta_1 - theta_0| after iteration 0")
 axes[1].legend(fontsize=8)
 axes[1].set_title("which parameters move")
-save_figure(fig, fig_dir / "gradltn_schedule.png")
+save_figure(fig, session.figure("gradltn_schedule.png"))
 plt.show()
 
 # %%
@@ -142,12 +156,12 @@ per_layer = pd.DataFrame({f"m_{k}": layer_density(mask) for k, (mask, _) in enum
 fig, ax = plt.subplots(figsize=(7, 0.35 * len(per_layer) + 1))
 sns.heatmap(per_layer, annot=True, fmt=".2f", cmap="magma", vmin=0, vmax=1, ax=ax, cbar=False)
 ax.set_title("share of each tensor still a candidate, iteration by iteration (m_L = personal)", fontsize=10)
-save_figure(fig, fig_dir / "gradltn_layer_masks.png")
+save_figure(fig, session.figure("gradltn_layer_masks.png"))
 plt.show()
 
 # %% [markdown]
 # ## 2. Table 1: every method on CIFAR-10, s = 2 and s = 4
-# `run_experiment` trains every row of `experiments/fedselect/fedselect_table1_s{2,4}.toml` (FedAvg first: its
+# `run_experiment` trains every row of `pflkit/catalog/fedselect/fedselect_table1_s{2,4}.toml` (FedAvg first: its
 # global model is the FedAvg row and LG-FedAvg's start) and tests each client's final model on its own test
 # split. `resume=True` reuses any stage already finished in `out_dir` (the `cpu` preset takes a while).
 # MB/round counts what really travels: FedSelect sends only its shared entries (and its mask as bits).
@@ -155,9 +169,13 @@ plt.show()
 # %%
 results = {}
 for s in SETTINGS:
-    cfg = resolve(f"fedselect_table1_s{s}", preset, [f"seed={seed}", *fallback])
-    results[s] = run_experiment(cfg, out / f"s{s}", data_root=root, resume=True, progress=False)
-    print(format_table(results[s]), "\n")
+    cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
+    results[s] = run_experiment(cfg, session.out / f"s{s}", data_root=session.data_root, download=session.download,
+                                resume=True, progress=False)
+data_label, paper = session.dataset_label(results[2]), session.paper_header(results[2])
+for s in SETTINGS:
+    failed = {label: m["status"] for label, m in results[s]["methods"].items() if m["status"] != "ok"}
+    print(f"s = {s} on {data_label}:", failed or "every method finished")
 
 # %%
 def personal_share(res, label):
@@ -170,9 +188,10 @@ for s in SETTINGS:
     df = results_table(results[s]).set_index("method")
     df["personal %"] = [100 * personal_share(results[s], m) for m in df.index]
     frames.append(df[["acc_mean", "paper", "MB/round", "personal %"]].rename(
-        columns={"acc_mean": f"ours s={s}", "paper": f"paper s={s}", "MB/round": f"MB/round s={s}",
+        columns={"acc_mean": f"ours s={s}", "paper": f"{paper} s={s}", "MB/round": f"MB/round s={s}",
                  "personal %": f"personal % s={s}"}))
 table1 = pd.concat(frames, axis=1).round(2)
+print(f"Table 1 on {data_label}, preset {preset}: test accuracy (%), mean over clients")
 table1
 
 # %%
@@ -186,8 +205,8 @@ axes[0].set_yticks(np.arange(len(order)), order)
 axes[0].set_xlabel("accuracy (%)")
 axes[0].legend(fontsize=8)
 axes[1].set_xlabel("MB per round (down + up, all clients)")
-fig.suptitle(f"accuracy and communication - preset {preset}", fontsize=10)
-save_figure(fig, fig_dir / "accuracy_vs_communication.png")
+fig.suptitle(f"accuracy and communication - {data_label}, preset {preset}", fontsize=10)
+save_figure(fig, session.figure("accuracy_vs_communication.png"))
 plt.show()
 
 # %% [markdown]
@@ -207,13 +226,13 @@ for label in [k for k in acc if k.startswith("FedSelect")]:
 # %%
 fig, axes = plt.subplots(1, len(SETTINGS), figsize=(6 * len(SETTINGS), 5))
 for ax, s in zip(np.atleast_1d(axes), SETTINGS):
-    cfg = resolve(f"fedselect_table1_s{s}", preset, [f"seed={seed}", *fallback])
+    cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
     stage = next(m for m in cfg.methods if m.label == "FedSelect (0.50)")
-    data = load_dataset(cfg.data.dataset, root)
-    fed = Federation.load(out / f"s{s}" / f"seed{seed}" / "federation.npz", data)
+    data = session.load(cfg.data.dataset, **cfg.data.options)
+    fed = Federation.load(session.out / f"s{s}" / f"seed{seed}" / "federation.npz", data)
     run_env = make_env(cfg, fed, seed)
     run = run_rounds(get_algorithm(stage.algorithm), stage.config, fed, initial_model(run_env), run_env,
-                     checkpoint=out / f"s{s}" / "fig1_fedselect_p050.ckpt", resume=True, test=False)
+                     checkpoint=session.out / f"s{s}" / "fig1_fedselect_p050.ckpt", resume=True, test=False)
     masks = client_masks(run.client_states)
     head = head_param_names(run_env.model_fn())
     iou = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
@@ -223,7 +242,8 @@ for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     ax.set_title(f"s = {s}: IoU of head masks ({share:.1%} personal on average)", fontsize=10)
     ax.set_xlabel("client")
     ax.set_ylabel("client")
-save_figure(fig, fig_dir / "fig1_mask_iou.png")
+fig.suptitle(f"Fig. 1 on {data_label}, preset {preset}", fontsize=10)
+save_figure(fig, session.figure("fig1_mask_iou.png"))
 plt.show()
 
 # %% [markdown]
@@ -239,11 +259,11 @@ for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     code = [results[s]["methods"][f"FedSelect/code ({p:.2f})"] for p in ps]
     ax.plot(ps, [r["acc_mean"] for r in rows], "o-", label=f"Alg. 1, pflkit ({preset})")
     ax.plot(ps, [r["acc_mean"] for r in code], "s:", label=f"authors' code schedule, pflkit ({preset})")
-    ax.plot(ps, [r["published"] for r in rows], "k^--", label="paper")
+    ax.plot(ps, [r["published"] for r in rows], "k^--", label=paper)
     ax.set_xticks(ps)
     ax.set_xlabel("personalization rate p")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"s = {s}")
+    ax.set_title(f"s = {s}, {data_label}", fontsize=10)
     ax.legend(fontsize=8)
-save_figure(fig, fig_dir / "fig2_accuracy_vs_p.png")
+save_figure(fig, session.figure("fig2_accuracy_vs_p.png"))
 plt.show()

@@ -28,58 +28,76 @@
 # The hypernetwork can be far larger than the target network at no communication cost. This notebook runs
 # each phase by hand on a small federation, checks that the update really pulls h(v_i) toward theta_tilde,
 # then trains for a few hundred steps and reads the traffic from the history.
+#
+# **Data and device.** CIFAR-10 is read from `data_root` or `$PFLKIT_DATA`, or downloaded with `download=True`
+# (see `data/README.md`); when none of these works the notebook stops with an error naming it. `standin=True`
+# runs sklearn's digits instead (with a small CNN), and every title, table and printout then names the stand-in.
+# `device="auto"` uses a GPU when there is one; figures go to `figures_dir` (default `out_dir/figures`).
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
 preset = "cpu"
 out_dir = "runs/pfedhn_method"
 data_root = None
+device = "auto"
+download = True
+standin = False
+figures_dir = None
 seed = 0
 
 # %%
 import dataclasses
-from pathlib import Path
 
 import matplotlib.pyplot as plt
-import torch
 
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms import hypernet as hn
 from pflkit.analysis.pfedhn import experiment_federation, method_config
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
 from pflkit.fl.loop import nbytes, run_rounds
 from pflkit.models import count_params
+from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import initial_model, make_env
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tests run many notebooks side by side on few cores
-root = data_root or ("../../../shared/data" if Path("../../../shared/data").is_dir() else None)
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/pfedhn")
-# offline without the CIFAR-10 files (fresh Colab / CI): the embedded digits and a small MLP instead
-fallback = [] if root else ["data.dataset=digits", "model.name=mlp", "model.options={}"]
-exp = resolve("pfedhn_table1_c10_n10", "smoke" if preset == "smoke" else "cpu", [f"seed={seed}"] + fallback)
-dataset = load_dataset(exp.data.dataset, root)
-fed = experiment_federation(exp, dataset)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+exp = session.resolve("pfedhn_table1_c10_n10")
+fed = experiment_federation(exp, session.load(exp.data.dataset, **exp.data.options))
 env = make_env(exp, fed, seed)
-print(exp.title, "|", fed.num_clients, "clients, train sizes", fed.sizes("train"))
+print(f"{session.dataset_label(exp)}, {fed.num_clients} clients, model {exp.model.name}, device {env.device}")
+print("train samples per client:", fed.sizes("train"))
 
 # %% [markdown]
 # ## 1. The hypernetwork and the target network
 # One linear head per target tensor, on a trunk of 3 hidden layers of 100 units; the embedding has
-# floor(1 + n/4) entries (App. C.2.2). The target is the authors' LeNet.
+# floor(1 + n/4) entries (App. C.2.2). The target is the authors' LeNet (a small MLP when the notebook runs
+# on the sklearn digits stand-in, `standin=True`).
 
 # %%
 algo, cfg = method_config(exp, "pFedHN")
@@ -127,7 +145,8 @@ print(f"bytes sent down {nbytes(msg)}, up {nbytes(update.payload)}; hypernetwork
 steps = 12 if preset == "smoke" else 300
 res = run_rounds(get_algorithm("pfedhn"), method_config(exp, "pFedHN", rounds=steps, eval_every=max(1, steps // 10))[1],
                  fed, initial_model(env), env)
-print(f"test accuracy (mean over clients): {100 * res.summary['acc']:.2f}%  (best validation at step {res.best_round})")
+print(f"{session.dataset_label(exp)}: test accuracy (mean over clients) {100 * res.summary['acc']:.2f}% "
+      f"(best validation at step {res.best_round})")
 rows = [r for r in res.history if "val_acc" in r]
 fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
 ax[0].plot([r["round"] for r in rows], [100 * r["val_acc"] for r in rows], marker="o")
@@ -139,6 +158,7 @@ ax[1].set_yscale("log")
 ax[1].set_xlabel("server step")
 ax[1].set_ylabel("KiB per step (down + up)")
 ax[1].legend()
+fig.suptitle(f"pFedHN on {session.dataset_label(exp)}, preset {preset}", fontsize=10)
 fig.tight_layout()
-save_figure(fig, fig_dir / "method_training.png")
+save_figure(fig, session.figure("method_training.png"))
 plt.show()

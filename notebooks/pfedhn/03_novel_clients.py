@@ -23,55 +23,73 @@
 # as in training (Alg. 1 restricted to v_new). The x-axis is the total variation distance between the novel
 # client's label distribution and its nearest training client; the y-axis the accuracy gap
 # acc_novel - acc_train (Fig. 2) or each novel client's accuracy (Fig. 7).
+#
+# **Data and device.** CIFAR-10 is read from `data_root` or `$PFLKIT_DATA`, or downloaded with `download=True`
+# (see `data/README.md`); when none of these works the notebook stops with an error naming it. `standin=True`
+# runs sklearn's digits instead (with a small CNN), and every title, table and printout then names the stand-in.
+# `device="auto"` uses a GPU when there is one; figures go to `figures_dir` (default `out_dir/figures`).
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
 preset = "cpu"
 out_dir = "runs/pfedhn_novel"
 data_root = None
+device = "auto"
+download = True
+standin = False
+figures_dir = None
 seed = 0
 novel_steps = None
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import torch
 
 from pflkit.analysis.pfedhn import (experiment_federation, fit_novel_clients, method_config, novel_tv, subfederation,
                                     train_method)
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
 from pflkit.fl.loop import summarize
+from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tests run many notebooks side by side on few cores
-root = data_root or ("../../../shared/data" if Path("../../../shared/data").is_dir() else None)
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/pfedhn")
-fallback = [] if root else ["data.dataset=digits", "model.name=mlp", "model.options={}"]
-exp = resolve("pfedhn_fig2_novel", preset, [f"seed={seed}"] + fallback)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+exp = session.resolve("pfedhn_fig2_novel")
+data_label = session.dataset_label(exp)
 alphas = np.asarray(exp.data.partition["alpha"])
 num_novel = max(3, len(alphas) // 10)  # the last 10 of 100 clients (smoke: 3 of 10) are novel
-dataset = load_dataset(exp.data.dataset, root)
-fed = experiment_federation(exp, dataset)
+fed = experiment_federation(exp, session.load(exp.data.dataset, **exp.data.options))
 n = fed.num_clients
 train_fed, novel_fed = subfederation(fed, range(n - num_novel)), subfederation(fed, range(n - num_novel, n))
-print(f"{n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel clients, alpha {alphas[n - num_novel:]}")
+print(f"{data_label}: {n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel clients, "
+      f"alpha {alphas[n - num_novel:]}")
 
 # %% [markdown]
 # ## 1. Train pFedHN on the training clients
@@ -80,7 +98,7 @@ print(f"{n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel 
 env = make_env(exp, train_fed, seed)
 trained = train_method(exp, "pFedHN", train_fed, env)
 acc_train = summarize(trained.per_client)["acc"]
-print(f"training clients: mean test accuracy {100 * acc_train:.2f}%")
+print(f"{data_label}, training clients: mean test accuracy {100 * acc_train:.2f}%")
 
 # %% [markdown]
 # ## 2. Novel clients: phi frozen, one new embedding each
@@ -112,6 +130,7 @@ ax[1].scatter(table["TV to nearest"], table["accuracy (%)"], c=np.log(table["alp
 ax[1].set_xlabel("total variation to the nearest training client")
 ax[1].set_ylabel("novel client test accuracy (%)")
 ax[1].set_title("Fig. 7: one point per novel client")
+fig.suptitle(f"pFedHN on {data_label}, preset {preset}", fontsize=10)
 fig.tight_layout()
-save_figure(fig, fig_dir / "novel_clients.png")
+save_figure(fig, session.figure("novel_clients.png"))
 plt.show()

@@ -22,51 +22,68 @@
 # evaluate client i's test data with client j's feature extractor and client i's own classifier. Rows: clients
 # (their classifier and data); columns: whose feature extractor. Values are accuracies normalized per row,
 # (acc_ij - min_l acc_il) / (max_l acc_il - min_l acc_il).
+#
+# **Data and device.** CIFAR-10 is read from `data_root` or `$PFLKIT_DATA`, or downloaded with `download=True`
+# (see `data/README.md`); when none of these works the notebook stops with an error naming it. `standin=True`
+# runs sklearn's digits instead (with a small CNN), and every title, table and printout then names the stand-in.
+# `device="auto"` uses a GPU when there is one; figures go to `figures_dir` (default `out_dir/figures`).
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
 preset = "cpu"
 out_dir = "runs/pfedhn_mix_and_match"
 data_root = None
+device = "auto"
+download = True
+standin = False
+figures_dir = None
 seed = 0
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
-import torch
 
 from pflkit.analysis.pfedhn import (client_classes, experiment_federation, method_config, mix_and_match, row_normalize,
                                     train_method)
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
+from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tests run many notebooks side by side on few cores
-root = data_root or ("../../../shared/data" if Path("../../../shared/data").is_dir() else None)
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/pfedhn")
-fallback = [] if root else ["data.dataset=digits", "model.name=mlp", "model.options={}"]
-exp = resolve("pfedhn_fig3_mixmatch", preset, [f"seed={seed}"] + fallback)
-dataset = load_dataset(exp.data.dataset, root)
-fed = experiment_federation(exp, dataset)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+exp = session.resolve("pfedhn_fig3_mixmatch")
+data_label = session.dataset_label(exp)
+fed = experiment_federation(exp, session.load(exp.data.dataset, **exp.data.options))
 env = make_env(exp, fed, seed)
 res = train_method(exp, "pFedHN-PC", fed, env)
-print(f"pFedHN-PC, {fed.num_clients} clients: mean test accuracy {100 * res.summary['acc']:.2f}%")
+print(f"pFedHN-PC on {data_label}, {fed.num_clients} clients: mean test accuracy {100 * res.summary['acc']:.2f}%")
 
 # %%
 _, cfg = method_config(exp, "pFedHN-PC")
@@ -79,7 +96,7 @@ sns.heatmap(row_normalize(acc), annot=len(acc) <= 12, fmt=".2f", cmap="viridis",
             yticklabels=labels, ax=ax, cbar_kws={"label": "row-normalized accuracy"})
 ax.set_xlabel("feature extractor of client j")
 ax.set_ylabel("client i (its data and classifier)")
-ax.set_title("pFedHN-PC mix-and-match (Fig. 3)")
+ax.set_title(f"pFedHN-PC mix-and-match (Fig. 3) on {data_label}, preset {preset}", fontsize=10)
 fig.tight_layout()
-save_figure(fig, fig_dir / "mix_and_match.png")
+save_figure(fig, session.figure("mix_and_match.png"))
 plt.show()

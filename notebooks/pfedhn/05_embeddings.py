@@ -22,69 +22,91 @@
 # Offline we use the same design on Omniglot: every client draws from a single alphabet (several clients per
 # alphabet). Beside the picture, two numbers measured on the embeddings themselves: the share of clients whose
 # nearest other client shares their alphabet (chance in brackets), and the silhouette of the alphabet groups.
+#
+# **Data and device.** Omniglot is read from `data_root` or `$PFLKIT_DATA`, or downloaded with `download=True`
+# (see `data/README.md`); when none of these works the notebook stops with an error naming it. `standin=True`
+# runs sklearn's digits instead (one digit per client, the digit as its group), and every title, table and
+# printout then names the stand-in. `device="auto"` uses a GPU when there is one; figures go to `figures_dir`
+# (default `out_dir/figures`).
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
 preset = "cpu"
 out_dir = "runs/pfedhn_embeddings"
 data_root = None
+device = "auto"
+download = True
+standin = False
+figures_dir = None
 seed = 0
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
 from pflkit.algorithms.pfedhn import embeddings
 from pflkit.analysis.embeddings import embedding_report, plot_embeddings, tsne_2d
 from pflkit.analysis.pfedhn import experiment_federation, train_method
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
+from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tests run many notebooks side by side on few cores
-root = data_root or ("../../../shared/data" if Path("../../../shared/data").is_dir() else None)
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/pfedhn")
-# offline without Omniglot (fresh Colab / CI): digits clients that each hold one digit, grouped by that digit
-fallback = [] if root else ["data.dataset=digits", "model.name=mlp", "model.options={}", "data.scheme=pathological",
-                            "data.partition={classes_per_client = 1}", "data.split=paired", "data.num_clients=20"]
-exp = resolve("pfedhn_fig4_embeddings", preset, [f"seed={seed}"] + fallback)
-dataset = load_dataset(exp.data.dataset, root, **exp.data.options)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+exp = session.resolve("pfedhn_fig4_embeddings")
+if exp.data.scheme != "domains":
+    # the digits stand-in has no alphabets: each client holds a single digit, and the digit is its group
+    exp = session.resolve("pfedhn_fig4_embeddings", "data.scheme=pathological",
+                          "data.partition={ classes_per_client = 1 }")
+data_label = session.dataset_label(exp)
+dataset = session.load(exp.data.dataset, **exp.data.options)
 fed = experiment_federation(exp, dataset)
-if root:
+if exp.data.scheme == "domains":
     groups = fed.group_of_clients("alphabet")
     names = dataset.meta.group_names["alphabet"]
 else:
     groups, names = fed.histograms().argmax(1), dataset.meta.class_names
-print(exp.title, "|", fed.num_clients, "clients; clients per group:", np.bincount(groups))
+print(f"{data_label}: {fed.num_clients} clients; clients per group:", np.bincount(groups))
 
 # %%
 env = make_env(exp, fed, seed)
 res = train_method(exp, "pFedHN", fed, env)
-emb = embeddings(res.state).numpy()
+emb = embeddings(res.state).detach().cpu().numpy()
 report = embedding_report(emb, groups)
-print(f"pFedHN: mean test accuracy {100 * res.summary['acc']:.2f}% (embedding dim {emb.shape[1]})")
+print(f"pFedHN on {data_label}: mean test accuracy {100 * res.summary['acc']:.2f}% (embedding dim {emb.shape[1]})")
 print(f"nearest-neighbour group agreement {report['neighbour_agreement']:.2f} (chance {report['chance']:.2f}), "
       f"silhouette {report['silhouette']:.2f}")
 
 # %%
 xy = tsne_2d(emb, seed=seed)
-ax = plot_embeddings(xy, groups, names, title=f"t-SNE of pFedHN client embeddings\n1-NN same group "
-                     f"{report['neighbour_agreement']:.2f} (chance {report['chance']:.2f}), silhouette {report['silhouette']:.2f}")
-save_figure(ax.figure, fig_dir / "embeddings_tsne.png")
+title = (f"t-SNE of pFedHN client embeddings, {data_label}\n1-NN same group {report['neighbour_agreement']:.2f} "
+         f"(chance {report['chance']:.2f}), silhouette {report['silhouette']:.2f}")
+ax = plot_embeddings(xy, groups, names, title=title)
+save_figure(ax.figure, session.figure("embeddings_tsne.png"))
 plt.show()

@@ -29,31 +29,54 @@
 # The representation network below the classifier is shared and averaged (FedAvg), as in FedPer.
 # pFedMAP is the point-estimate version with one fixed rho (a Ditto-like proximal head).
 #
-# Offline, the paper's CIFAR-100 superclass task is played by **Omniglot**: the 8 alphabets are the
-# labels, and each client sees every alphabet through one random character of it. `preset` sets the
-# size: `smoke` (seconds), `cpu` (the numbers of our note), `paper` (100 rounds, 5 seeds).
+# Offline, the paper's CIFAR-100 superclass task is played by **Omniglot**: the 8 alphabets are the labels, and
+# each client sees every alphabet through one random character of it. `preset` sets the size: `smoke` (seconds),
+# `cpu` (the numbers of our note), `paper` (100 rounds, 5 seeds). Omniglot is read from `data_root` or
+# `$PFLKIT_DATA`, or downloaded with `download=True` (see `data/README.md`); when none of these works the
+# notebook stops with an error naming it. `standin=True` runs sklearn's digits instead, split with Dirichlet
+# label shift (so no concept drift), and every title and table says so. `device="auto"` uses a GPU when there is
+# one.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
 preset = "cpu"
 out_dir = "runs/pfedvem"
 data_root = None
+device = "auto"
+download = True
+standin = False
+figures_dir = None
 seed = 0
 experiment = "pfedvem_omniglot_n50"
 results_json = None
 
 # %%
-import dataclasses
 import json
 from pathlib import Path
 
@@ -64,31 +87,20 @@ import torch
 
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.pfedvem import trust_report
-from pflkit.data.datasets import load_dataset
 from pflkit.data.partition import concept_drift_choices
 from pflkit.experiments import resolve
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
+from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import initial_model, make_env
 
-out = Path(out_dir)
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/pfedvem")
-shared = Path("../../../shared/data")
-root = data_root or (str(shared) if shared.is_dir() else None)
-try:
-    dataset = load_dataset("omniglot", root)
-    overrides = {"seed": seed}
-except FileNotFoundError:
-    # a fresh machine without the offline data: sklearn's digits, with 0-4 / 5-9 as the two "superclasses"
-    print("Omniglot not found: falling back to the embedded digits dataset")
-    dataset = load_dataset("digits")
-    meta = dataclasses.replace(dataset.meta, superclass=tuple(int(c >= 5) for c in range(10)),
-                               superclass_names=("0-4", "5-9"))
-    dataset = dataclasses.replace(dataset, meta=meta)
-    overrides = {"seed": seed, "model.name": "digits_cnn", "model.options": {}, "data.dataset": "digits"}
-cfg = resolve(experiment, preset, overrides)
-print(cfg.title, "| preset", preset, "| seeds", cfg.seeds)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+cfg = session.resolve(experiment)
+data_label = session.dataset_label(cfg)
+dataset = session.load(cfg.data.dataset, **cfg.data.options)
+print(f"{cfg.name} on {data_label} | partition {cfg.data.scheme} | preset {preset} | seeds {cfg.seeds}")
 
 # %% [markdown]
 # ## 1. Concept drift on images: the same label, different looks
@@ -112,8 +124,8 @@ for i in range(show):
         ax.set_xticks([]), ax.set_yticks([])
         axes[0, k].set_title(labels[k][:12], fontsize=7)
     axes[i, 0].set_ylabel(f"client {i}", fontsize=8)
-fig.suptitle("one training image per label and client")
-save_figure(fig, fig_dir / "concept_drift_images.png")
+fig.suptitle(f"one training image per label and client ({data_label})")
+save_figure(fig, session.figure("concept_drift_images.png"))
 plt.show()
 
 # %% [markdown]
@@ -121,14 +133,17 @@ plt.show()
 # the train / val / test holdout), the conditionals differ (different subclasses):
 
 # %%
-fine = torch.cat([dataset.y_train, dataset.y_test]).numpy()
-choices = concept_drift_choices(fine, d.num_clients, superclass=np.asarray(dataset.meta.superclass), seed=seed)
 everything = [np.concatenate([c.splits[s] for s in ("train", "val", "test")]) for c in fed.clients]
 marginals = np.stack([np.bincount(fed.y[i].numpy(), minlength=fed.num_classes) / len(i) for i in everything])
 print("P_j(y) equal on every client:", np.allclose(marginals, marginals[0]))
-print("clients with distinct subclasses:", len(np.unique(choices, axis=0)), "of", d.num_clients)
-pd.DataFrame(np.asarray(dataset.meta.class_names)[choices[:show]], columns=labels,
-             index=[f"client {i}" for i in range(show)])
+if d.scheme == "concept_drift":
+    fine = torch.cat([dataset.y_train, dataset.y_test]).numpy()
+    choices = concept_drift_choices(fine, d.num_clients, superclass=np.asarray(dataset.meta.superclass), seed=seed)
+    print("clients with distinct subclasses:", len(np.unique(choices, axis=0)), "of", d.num_clients)
+    display(pd.DataFrame(np.asarray(dataset.meta.class_names)[choices[:show]], columns=labels,
+                         index=[f"client {i}" for i in range(show)]))
+else:  # the stand-in has no subclasses to draw from: its clients differ in P_j(y) (label shift) instead
+    print(f"{data_label} is split by {d.scheme!r}, not by concept drift")
 
 # %% [markdown]
 # ## 2. Variational EM: which clients does the server trust?
@@ -156,7 +171,7 @@ em = pd.DataFrame(trust_report(res.state, fed, vem.config, env, res.client_state
     "trace_per_dim": "Tr(Sigma)/D", "dist2_per_dim": "||mu-w||^2/D", "tau_share": "trust tau_j (share)"})
 em["test acc"] = [res.per_client[j]["acc"] for j in em.index]
 em.index.name = "client"
-print(f"pFedVEM, seed {seed}: {100 * res.summary['acc']:.1f}% mean client test accuracy")
+print(f"pFedVEM on {data_label}, seed {seed}: {100 * res.summary['acc']:.1f}% mean client test accuracy")
 em.sort_values("rho2").round(5).head(10)
 
 # %%
@@ -172,7 +187,7 @@ axes[1].set_xlabel("client")
 axes[1].set_ylabel("weight in w vs equal weights (%)")
 axes[1].set_title("the server's trust tau_j")
 fig.tight_layout()
-save_figure(fig, fig_dir / "vem_client_trust.png")
+save_figure(fig, session.figure("vem_client_trust.png"))
 plt.show()
 
 # %% [markdown]
@@ -213,20 +228,21 @@ n_seeds = per_seed.shape[1]
 table = pd.DataFrame({"ours (%)": per_seed.mean(axis=1),
                       "SEM": per_seed.std(axis=1, ddof=1) / np.sqrt(n_seeds) if n_seeds > 1 else np.nan,
                       "seeds": n_seeds})
-out.mkdir(parents=True, exist_ok=True)
-table.to_csv(out / "table1_ours.csv")
+table.to_csv(session.out / "table1_ours.csv")
+print(f"{cfg.name} on {data_label}, preset {preset}: personalized accuracy (%)")
 table.round(2)
 
 # %%
 fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(table), 3.4))
 ax.bar(table.index, table["ours (%)"], yerr=table["SEM"].fillna(0), capsize=3, color="tab:blue")
 ax.set_ylabel("personalized accuracy (%)")
-ax.set_title(f"{cfg.name} - preset {preset}")
+ax.set_title(f"{cfg.name} on {data_label} - preset {preset}", fontsize=10)
 ax.tick_params(axis="x", rotation=20)
-save_figure(fig, fig_dir / "table1_ours.png")
+save_figure(fig, session.figure("table1_ours.png"))
 plt.show()
 
 # %%
+print("published personalized accuracy (%), the paper's own datasets, for reference")
 paper = {}
 for ds_name, ns in (("cifar100", (50, 100, 200)), ("sun397", (50, 100, 200))):
     for n in ns:

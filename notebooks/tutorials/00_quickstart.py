@@ -30,39 +30,55 @@
 # `paper` (longer). A preset changes sizes only, never the algorithm.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/quickstart"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True
+standin = False
+figures_dir = None  # None: out_dir/figures
 seed = 0
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
+import numpy as np
 
-from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
 from pflkit.fl.federation import build_federation
+from pflkit.notebooks import setup
 from pflkit.report.figures import plot_label_distribution, plot_methods, plot_rounds, save_figure
-from pflkit.report.tables import format_table, results_table
-from pflkit.runner import run_experiment
+from pflkit.report.tables import results_table
 
-out = Path(out_dir)
-# figures from full runs go to the repository's figures/ folder; smoke runs keep theirs in out_dir
-fig_dir = out / "figures" if preset == "smoke" else Path("../../figures/tutorials")
-cfg = resolve("demo", preset, [f"seed={seed}"])
-print(cfg.title)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
+cfg = session.resolve("demo")
+print(cfg.title, "|", session.dataset_label(cfg))
 
 # %% [markdown]
 # ## 1. The data and the clients
@@ -70,35 +86,36 @@ print(cfg.title)
 # and 20% of the rest for validation (FedL2P's ratios). Each bar below is one client; colours are digit classes.
 
 # %%
-dataset = load_dataset(cfg.data.dataset, data_root)
+dataset = session.load(cfg.data.dataset, **cfg.data.options)
 d = cfg.data
 fed = build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
                        test_fraction=d.test_fraction, val_fraction=d.val_fraction, **d.partition)
 ax = plot_label_distribution(fed)
-save_figure(ax.figure, fig_dir / "label_distribution.png")
+ax.set_title(f"{session.dataset_label(cfg)}: classes per client")
+save_figure(ax.figure, session.figure("label_distribution.png"))
 plt.show()
 print("train samples per client:", fed.sizes("train"))
 
 # %% [markdown]
 # ## 2. FedAvg, then fine-tuning on every client
-# `run_experiment` trains the pretraining stage (FedAvg: each round a fraction of clients trains locally and the
-# server averages their weights, weighted by sample count), tests the global model on each client
-# ("Global"), then fine-tunes it on each client's train split with each BN mode and tests it.
-# Everything lands in `results.json`.
+# `session.run` (`pflkit.runner.run_experiment`) trains the pretraining stage (FedAvg: each round a fraction
+# of clients trains locally and the server averages their weights, weighted by sample count), tests the global
+# model on each client ("Global"), then fine-tunes it on each client's train split with each BN mode and tests
+# it. Everything lands in `out_dir/demo/results.json`.
 
 # %%
-results = run_experiment(cfg, out, data_root=data_root, progress=False)
-print(format_table(results))
+results = session.run("demo")
+print(session.format_table(results))
 
 # %%
 ax = plot_rounds(results, "val_acc")
 ax.set_title("FedAvg: mean validation accuracy over clients")
-save_figure(ax.figure, fig_dir / "fedavg_rounds.png")
+save_figure(ax.figure, session.figure("fedavg_rounds.png"))
 plt.show()
 
 # %%
 ax = plot_methods(results)
-save_figure(ax.figure, fig_dir / "demo_methods.png")
+save_figure(ax.figure, session.figure("demo_methods.png"))
 plt.show()
 
 # %% [markdown]
@@ -114,11 +131,9 @@ table = results_table(results)
 table[["method", "ours", "status"]]
 
 # %%
-import numpy as np
-
 per_client = {label: np.array(m["per_client"][0]) for label, m in results["methods"].items()}
 fig, ax = plt.subplots(figsize=(5, 3.5))
 ax.boxplot(list(per_client.values()), tick_labels=list(per_client))
 ax.set_ylabel("client test accuracy (%)")
-save_figure(fig, fig_dir / "per_client_accuracy.png")
+save_figure(fig, session.figure("per_client_accuracy.png"))
 plt.show()

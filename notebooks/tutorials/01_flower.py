@@ -35,45 +35,61 @@
 # whole smoke run); at `cpu` and `paper` it is a real Flower simulation with one Ray actor per CPU.
 
 # %% tags=["install"]
-# Colab / fresh machine: install pflkit once (skipped when it is already importable)
-import importlib.util
+# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
+# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
-if importlib.util.find_spec("pflkit") is None:
-    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "pflkit"], check=True)
-    sys.path.insert(0, "pflkit")
+src = Path("pflkit-src").absolute()
+if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
+    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
+    import pflkit.cli
+
+    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
+except ImportError:
+    installed = False
+if not installed:
+    if not src.exists():
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
+    sys.path.insert(0, str(src))
+    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 # %%
 # Flower and Ray (the `flower` extra of pflkit), if missing
+import importlib.util
+
 if importlib.util.find_spec("flwr") is None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "flwr[simulation]>=1.41"], check=True)
 
 # %% tags=["parameters"]
-preset = "cpu"
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
 out_dir = "runs/flower"
-data_root = None
+data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
+device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
+download = True
+standin = False
+figures_dir = None
 seed = 0
 backend = None  # None: "inprocess" at the smoke preset, else "ray"
 
 # %%
-from pathlib import Path
-
 import pandas as pd
-import torch
 
-from pflkit.experiments import resolve
 from pflkit.flower.simulation import run_flower
-from pflkit.report.tables import format_table
-from pflkit.runner import run_experiment
+from pflkit.notebooks import setup
 
-if preset == "smoke":
-    torch.set_num_threads(1)  # tests run many notebooks side by side on few cores
-out = Path(out_dir)
+session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
+                figures_dir=figures_dir, seed=seed)
 backend = backend or ("inprocess" if preset == "smoke" else "ray")
-cfg = resolve("demo", preset, [f"seed={seed}"])
-print(cfg.title, "|", cfg.data.num_clients, "clients | Flower backend:", backend)
+cfg = session.resolve("demo")
+print(cfg.title, "|", session.dataset_label(cfg), "|", cfg.data.num_clients, "clients | Flower backend:", backend)
 
 # %% [markdown]
 # ## 1. The same experiment on both engines
@@ -82,9 +98,9 @@ print(cfg.title, "|", cfg.data.num_clients, "clients | Flower backend:", backend
 # same clients, the same schedule and the same random streams: their numbers agree to float precision.
 
 # %%
-loop = run_experiment(cfg, out / "loop", data_root=data_root, progress=False)
-flower = run_flower(cfg, out / "flower", data_root=data_root, backend=backend, num_cpus=2)
-print(format_table(flower))
+loop = session.run("demo")
+flower = run_flower(cfg, session.out / "flower", data_root=session.data_root, backend=backend, num_cpus=2)
+print(session.format_table(flower))
 
 # %%
 pd.DataFrame({label: {"pflkit loop": loop["methods"][label]["acc_mean"],
@@ -107,7 +123,7 @@ pd.DataFrame(flower["rounds"]["Global"]["seed0"])[["round", "clients", "train_lo
 # history names who failed. `faults` injects such a failure: client 1 raises whenever it is asked to train.
 
 # %%
-faulty = run_flower(cfg, out / "faulty", data_root=data_root, backend=backend, num_cpus=2,
+faulty = run_flower(cfg, session.out / "faulty", data_root=session.data_root, backend=backend, num_cpus=2,
                     faults={"Global/1/*": "raise"})
 rows = pd.DataFrame(faulty["rounds"]["Global"]["seed0"])
 rows[["round", "clients", "completed", "failed", "train_loss"]]

@@ -42,6 +42,8 @@ def experiment_to_raw(cfg: ExperimentConfig) -> dict:
            "seed": cfg.seed, "seeds": cfg.seeds, "kernels": cfg.kernels, "device": cfg.device}
     if cfg.pretrain is not None:
         raw["pretrain"] = {"label": cfg.pretrain.label, **stage(cfg.pretrain)}
+    if cfg.deviations:  # the preset's declarations travel too, so Flower runs record them
+        raw["presets"] = {cfg.preset: {"deviations": [d.split("=", 1)[0] for d in cfg.deviations]}}
     return raw
 
 

@@ -35,15 +35,28 @@ def results_table(results: dict) -> pd.DataFrame:
     return df
 
 
-def format_table(results: dict, columns: Iterable[str] = ("method", "ours", "paper", "status", "MB/round")) -> str:
-    """A plain-text table for terminals and notes, headed by experiment and preset."""
-    df = results_table(results)
-    head = f"{df.attrs.get('experiment')} ({df.attrs.get('title') or ''}) - preset {df.attrs.get('preset')}"
+def format_table(results: dict, columns: Iterable[str] = ("method", "ours", "paper", "status", "MB/round"), *,
+                 dataset: str | None = None, paper_header: str = "paper") -> str:
+    """A plain-text table for terminals and notes, headed by experiment, dataset and preset.
+
+    ``dataset``: how to name the data in the heading (e.g. a stand-in's label); ``paper_header``:
+    the heading of the paper's column (``"paper (on CIFAR-10)"`` beside another dataset's numbers).
+    Under the table, when the preset declares any (`pflkit.experiments`, ``deviations``), the
+    settings at which this run differs from the paper's, with their values.
+    """
+    df = results_table(results).rename(columns={"paper": paper_header})
+    on = f" on {dataset}" if dataset else ""
+    head = f"{df.attrs.get('experiment')}{on} ({df.attrs.get('title') or ''}) - preset {df.attrs.get('preset')}"
     data = results.get("data")
     if data:  # the dataset really read, beside the title that names the paper's
         head += f"\ndata: {data.get('name')} ({data.get('source')})"
     note = "accuracy: mean over clients of per-client test accuracy (%), ± std over seeds"
-    return f"{head}\n{df[list(columns)].to_string(index=False)}\n{note}"
+    deviations = results.get("config", {}).get("deviations") or []
+    if deviations:
+        note += (f"\ndeviations from the paper's settings at preset {df.attrs.get('preset')}: "
+                 + ", ".join(deviations))
+    cols = [paper_header if c == "paper" else c for c in columns]
+    return f"{head}\n{df[cols].to_string(index=False)}\n{note}"
 
 
 def compare_table(results_list: list[dict], key: str) -> pd.DataFrame:
