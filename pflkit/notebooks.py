@@ -44,17 +44,11 @@ _GROUP_SCHEME_STANDIN = ("data.scheme=dirichlet", "data.partition={ alpha = 0.5 
 
 def resolve_device(device: str = "auto") -> str:
     """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; an unavailable device is an error."""
-    import torch
+    from pflkit.experiments import check_device
+    from pflkit.runner import resolve_device as resolve
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: CUDA is not available on this machine (use device='auto' or 'cpu')")
-    if device == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ValueError("device='mps': MPS is not available on this machine (use device='auto' or 'cpu')")
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
-        raise ValueError(f"device={device!r}: must be auto, cpu, cuda, cuda:N or mps")
-    return device
+    check_device(device)
+    return str(resolve(device))
 
 
 def dataset_name(name: str) -> str:

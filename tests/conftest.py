@@ -27,10 +27,13 @@ TOL = {
 os.environ.setdefault("PFLKIT_OFFLINE", "1")
 
 
+# read once at start-up: tests that isolate themselves from data roots unset the variable
+_SHARED = os.environ.get("PFLKIT_DATA")
+
+
 def shared_data_dir() -> Path | None:
     """The folder of real offline datasets the tests may use: ``$PFLKIT_DATA`` (CI sets it), else None."""
-    env = os.environ.get("PFLKIT_DATA")
-    return Path(env) if env else None
+    return Path(_SHARED) if _SHARED else None
 
 
 @pytest.fixture

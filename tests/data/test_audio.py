@@ -17,14 +17,6 @@ from pflkit.data.sources.logmel import log_mel_spectrogram, mel_filterbank
 SHARED = Path(os.environ.get("PFLKIT_DATA") or "/nonexistent-pflkit-data")  # CI sets $PFLKIT_DATA
 
 
-@pytest.fixture(autouse=True)
-def isolated_roots(tmp_path, monkeypatch):
-    """No user cache or $PFLKIT_DATA may leak into these tests, and none may reach the network."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("PFLKIT_DATA", raising=False)
-    monkeypatch.delenv("PFLKIT_CACHE", raising=False)
-    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
-
 
 # ---------------------------------------------------------------- independent reference
 

@@ -15,11 +15,6 @@ from pflkit.fl.federation import build_federation
 RANDOM = ("frost", "snow", "motion_blur", "speckle_noise", "fog")
 
 
-@pytest.fixture(autouse=True)
-def isolated_roots(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("PFLKIT_DATA", raising=False)
-
 
 def smooth_images(n=6, size=32, seed=0):
     """Natural-ish images: upsampled noise (so blurs and JPEG behave as on photographs)."""

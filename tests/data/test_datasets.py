@@ -24,14 +24,6 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="no offline data f
 RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(autouse=True)
-def isolated_roots(tmp_path, monkeypatch):
-    """No user cache or $PFLKIT_DATA may leak into these tests, and none may reach the network."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("PFLKIT_DATA", raising=False)
-    monkeypatch.delenv("PFLKIT_CACHE", raising=False)
-    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
-
 
 def images(n, h, w, c=None):
     shape = (n, h, w) if c is None else (n, h, w, c)

@@ -15,14 +15,6 @@ from pflkit.data.pack import pack
 from pflkit.data.sources.folders import FEDBN_CLASSES
 
 
-@pytest.fixture(autouse=True)
-def isolated_roots(tmp_path, monkeypatch):
-    """No user cache or $PFLKIT_DATA may leak into these tests, and none may reach the network."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("PFLKIT_DATA", raising=False)
-    monkeypatch.delenv("PFLKIT_CACHE", raising=False)
-    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
-
 
 def write_image(path: Path, value: int, size=(12, 9)) -> None:
     """A flat image whose red channel encodes ``value`` (so tests can tell files apart after resizing)."""

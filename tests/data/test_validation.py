@@ -10,13 +10,6 @@ from PIL import Image
 from pflkit.data.datasets import load_dataset
 
 
-@pytest.fixture(autouse=True)
-def isolated_roots(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("PFLKIT_DATA", raising=False)
-    monkeypatch.delenv("PFLKIT_CACHE", raising=False)
-    monkeypatch.setenv("PFLKIT_OFFLINE", "1")
-
 
 def images(n, *shape):
     return np.random.default_rng(n).integers(0, 256, (n, *shape), dtype=np.uint8)
