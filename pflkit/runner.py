@@ -199,12 +199,18 @@ def worst_status(statuses) -> str:
     return next((s for s in STATUS_ORDER if s in statuses), "ok")
 
 
+def standard_error(values: list[float]) -> float | None:
+    """Standard error of the mean over seeds, s / sqrt(n) with the sample deviation (None for one seed)."""
+    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
+
+
 def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], published,
                   pools: list[dict[str, list[int]]], seeds: list[int]) -> dict:
     """Summary of one method over seeds; with an unseen pool, acc_* are over seen clients.
 
     Accuracies are reported only when every seed is ``ok`` (each client has a finite test
-    accuracy); ``missing`` then names each client without one and why, per seed.
+    accuracy); ``missing`` then names each client without one and why, per seed. ``acc_std`` is the
+    standard deviation over seeds, ``acc_sem`` the standard error of their mean (pFedVEM's tables).
     """
     ok = [(r, p) for r, p in zip(per_seed_records, pools) if r["status"] == "ok"]
     accs = [_pool_acc(r, p["seen"]) for r, p in ok]
@@ -216,6 +222,7 @@ def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], publ
         "algorithm": algorithm, "status": status,
         "acc_mean": float(np.mean(accs)) if accs and status == "ok" else None,
         "acc_std": float(np.std(accs)) if accs and status == "ok" else None,
+        "acc_sem": standard_error(accs) if status == "ok" else None,
         "per_seed": [_pool_acc(r, p["seen"]) if r["status"] == "ok" else None
                      for r, p in zip(per_seed_records, pools)],
         "unseen": None if not unseen or status != "ok" else {"acc_mean": float(np.mean(unseen)),

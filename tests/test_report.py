@@ -35,3 +35,8 @@ def test_label_distribution_plot(tmp_path):
     heights = sum(p.get_height() for p in ax.patches)
     assert heights == fed.sizes("train").sum()
     assert save_figure(ax.figure, tmp_path / "f.png").stat().st_size > 0
+
+
+def test_smoke_tables_say_their_numbers_are_meaningless():
+    smoke = {**RES, "config": {**RES["config"], "preset": "smoke"}}
+    assert "meaningless" in format_table(smoke) and "meaningless" not in format_table(RES)

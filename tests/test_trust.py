@@ -376,3 +376,11 @@ def test_random_kills_then_resume_give_the_uninterrupted_results(tmp_path):
     done = subprocess.run(cmd + ["--out", str(out), "--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert _comparable(read(out)) == _comparable(read(ref))
+
+
+def test_standard_error_over_seeds_by_hand():
+    from pflkit.runner import standard_error
+
+    assert standard_error([50.0]) is None
+    # values 1, 2, 3: sample sd 1, so the standard error is 1 / sqrt(3)
+    assert standard_error([1.0, 2.0, 3.0]) == pytest.approx(1 / math.sqrt(3))

@@ -16,7 +16,8 @@ def _cell(mean, std, status) -> str:
 def results_table(results: dict) -> pd.DataFrame:
     """One row per method: ours (mean ± std over seeds), the paper's number, status, communication.
 
-    Columns: ``method``, ``ours``, ``paper``, ``acc_mean``, ``acc_std``, ``seeds``, ``status``,
+    Columns: ``method``, ``ours``, ``paper``, ``acc_mean``, ``acc_std``, ``acc_sem`` (standard error over
+    seeds), ``seeds``, ``status``,
     ``MB/round``. The preset is in ``df.attrs["preset"]``.
     """
     rows = []
@@ -25,7 +26,7 @@ def results_table(results: dict) -> pd.DataFrame:
             "method": label,
             "ours": _cell(m["acc_mean"], m["acc_std"], m["status"]),
             "paper": "" if m.get("published") is None else f"{m['published']}",
-            "acc_mean": m["acc_mean"], "acc_std": m["acc_std"],
+            "acc_mean": m["acc_mean"], "acc_std": m["acc_std"], "acc_sem": m.get("acc_sem"),
             "seeds": len(m["per_seed"]), "status": m["status"],
             "MB/round": round(m.get("bytes_per_round", 0.0) / 2**20, 3),
         })
@@ -51,6 +52,8 @@ def format_table(results: dict, columns: Iterable[str] = ("method", "ours", "pap
     if data:  # the dataset really read, beside the title that names the paper's
         head += f"\ndata: {data.get('name')} ({data.get('source')})"
     note = "accuracy: mean over clients of per-client test accuracy (%), ± std over seeds"
+    if df.attrs.get("preset") == "smoke":
+        note += "\npreset smoke: tiny sizes, the accuracies are meaningless (they show the code runs)"
     deviations = results.get("config", {}).get("deviations") or []
     if deviations:
         note += (f"\ndeviations from the paper's settings at preset {df.attrs.get('preset')}: "
