@@ -272,8 +272,8 @@ def _flatten(d, prefix: str = "") -> dict:
 def config_differences(old: dict, new: dict) -> list[str]:
     """Dotted keys whose values differ, as ``key (old -> new)``."""
     a, b = _flatten(old), _flatten(new)
-    return [f"{k} ({a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r})" for k in sorted(set(a) | set(b))
-            if a.get(k, "<unset>") != b.get(k, "<unset>")]
+    return [f"{k.removeprefix('config.')} ({a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r})"
+            for k in sorted(set(a) | set(b)) if a.get(k, "<unset>") != b.get(k, "<unset>")]
 
 
 def holds_a_run(out: Path) -> bool:
@@ -307,12 +307,12 @@ def prepare_folder(out: Path, fp: dict, *, resume: bool, overwrite: bool) -> Non
         if not run_file.exists():
             raise ConfigError(f"--resume: {out} holds no {RUN_FILE}, so its settings cannot be checked; "
                               "start over with --overwrite")
-        stored = read_json(run_file)["fingerprint"]
-        if fingerprint_hash(stored) != fingerprint_hash(json.loads(json.dumps(fp, default=str))):
-            diff = config_differences(stored, json.loads(json.dumps(fp, default=str)))
+        stored, current = read_json(run_file)["fingerprint"], json.loads(json.dumps(fp, default=str))
+        if fingerprint_hash(stored) != fingerprint_hash(current):
+            diff = config_differences(stored, current)
             raise RunMismatchError(f"--resume: the run in {out} was made with other settings: {'; '.join(diff[:8])}"
-                              f"{' ...' if len(diff) > 8 else ''}. Resume with the same settings, or start over "
-                              "with --overwrite")
+                                   f"{' ...' if len(diff) > 8 else ''}. Resume with the same settings, or start "
+                                   "over with --overwrite")
     write_json(run_file, {"fingerprint": fp, "hash": fingerprint_hash(fp)})
 
 
