@@ -211,3 +211,12 @@ def test_missing_dataset_stops_the_notebook_unless_standin(tmp_path, monkeypatch
     text = _outputs(done[0])
     assert "sklearn digits (STAND-IN for CIFAR-10)" in text
     assert "paper (on CIFAR-10)" in text
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=_ids())
+def test_notebook_links_the_fidelity_ledger(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    link = re.search(r"\]\(((?:\.\./)+docs/fidelity\.md)\)", text)
+    assert link, "the intro links docs/fidelity.md"
+    assert (nb.parent / link.group(1)).resolve().is_file()

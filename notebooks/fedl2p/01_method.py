@@ -32,6 +32,9 @@
 # hypergradient of its validation loss with respect to lambda (implicit function theorem, Alg. 2), takes a few
 # SGD steps on lambda and sends it back. This notebook shows beta on one layer, then runs the embedded demo
 # (sklearn digits with label shift: FedAvg, FT (BN C / G / I), FedL2P) and looks at what FedL2P learned.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

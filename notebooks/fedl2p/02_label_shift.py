@@ -29,6 +29,9 @@
 # from a shell: `pflkit run fedl2p_table2_a0p1_e5 --preset cpu --data-root ~/data --out runs/t2_a0p1_e5`.
 # Set `results_root` to a folder of such runs (`<results_root>/<experiment>/results.json`) to render them
 # without retraining; otherwise this notebook runs the row given by `alpha` and `epochs`.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

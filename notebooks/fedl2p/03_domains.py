@@ -28,6 +28,9 @@
 # Parameters: `dataset` is `digits` (MNIST / MNIST-M / USPS, offline), `cifar10c`, `domainnet` or `caltech10`;
 # `alpha` the Dirichlet row (`1000`, `1p0`, `0p5`, `0p1`; `c3` / ignored for the one-client-per-domain rows);
 # `table` 3, 5 or 8. The run is `pflkit/catalog/fedl2p/fedl2p_table{table}_{dataset}_a{alpha}.toml`.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

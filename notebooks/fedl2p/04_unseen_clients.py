@@ -26,6 +26,9 @@
 # unseen (`pflkit/catalog/fedl2p/fedl2p_table4_fsdd_e5.toml`; the Speech Commands rows are
 # `fedl2p_table4_speech_commands_e*`). The runner reports the unseen pool in
 # `results["methods"][label]["unseen"]`; `acc_mean` is over the seen pool.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

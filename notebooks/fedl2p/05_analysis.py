@@ -28,6 +28,9 @@
 # The run is `pflkit/catalog/fedl2p/fedl2p_analysis_digits.toml` (MNIST / MNIST-M / USPS, 3 domains x 10 clients,
 # Dir(0.5): the offline stand-in for DomainNet alpha = 0.5). Point `results_root` at a folder of runs
 # (`<results_root>/<experiment>/`) to render them; label-shift and CIFAR-10-C runs found there join Fig. 2.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

@@ -45,6 +45,9 @@
 # runs sklearn's digits instead (with a small CNN) for Table 1 and the figures, and every title, table and
 # printout then names the stand-in. `device="auto"` uses a GPU when there is one; figures go to `figures_dir`
 # (default `out_dir/figures`).
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

@@ -36,6 +36,9 @@
 # notebook stops with an error naming it. `standin=True` runs sklearn's digits instead, split with Dirichlet
 # label shift (so no concept drift), and every title and table says so. `device="auto"` uses a GPU when there is
 # one.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

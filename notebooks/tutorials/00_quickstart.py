@@ -28,6 +28,9 @@
 #
 # The `preset` parameter sets the size: `smoke` (seconds, what the tests run), `cpu` (the README's numbers),
 # `paper` (longer). A preset changes sizes only, never the algorithm.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after

@@ -33,6 +33,9 @@
 # Flower run, and a Flower run where one client crashes. At the `smoke` preset the Flower run goes through
 # Flower's messages in this process (`backend="inprocess"`, no Ray: Ray's start-up alone takes longer than the
 # whole smoke run); at `cpu` and `paper` it is a real Flower simulation with one Ray actor per CPU.
+#
+# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"]
 # Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
