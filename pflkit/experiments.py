@@ -394,6 +394,5 @@ def _check_keep_best(data: DataConfig, stages) -> None:
         c = getattr(st, "config", None)
         if c is not None and c.keep_best and c.eval_every and c.select in ("val_acc", "val_loss"):
             key = "pretrain" if i == 0 else f'methods."{st.label}"'
-            require(False, "data.val_fraction", 0.0,
-                    f"stage {st.label!r} keeps its best state by {c.select}, which needs a validation split "
-                    f"(set data.val_fraction > 0, or {key}.keep_best=false)")
+            raise ConfigError(f"data.val_fraction=0.0: stage {st.label!r} keeps its best state by {c.select}, which "
+                              f"needs a validation split (set data.val_fraction > 0, or {key}.keep_best=false)")

@@ -16,7 +16,6 @@ client has a finite test accuracy (else ``incomplete``, naming the clients).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -258,7 +257,7 @@ def fingerprint_hash(fp: dict) -> str:
 
 def data_files(dataset) -> list[dict]:
     """The files a dataset was read from (path, bytes, sha256), as its loader recorded them."""
-    return [dict(f) for f in getattr(dataset.meta, "files", ()) or ()]
+    return [dict(f) for f in dataset.meta.files]
 
 
 def _flatten(d, prefix: str = "") -> dict:

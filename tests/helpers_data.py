@@ -160,7 +160,7 @@ def usps_published(rng: np.random.Generator):
 
 def omniglot_published(rng: np.random.Generator):
     """images_background.zip / images_evaluation.zip: <set>/<Alphabet>/characterNN/<id>_<drawer>.png (ink black)."""
-    files, ink, y_char, drawers = {}, [], [], []
+    files, ink = {}, []
     for set_name, alphabets in (("images_background", ("Beta", "Alpha")), ("images_evaluation", ("Gamma",))):
         members = {}
         for alphabet in alphabets:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from pflkit.cli import default_out, main
-from pflkit.config import ConfigError
 from pflkit.experiments import resolve
 from pflkit.fl.loop import _score, missing_clients, nonfinite_paths
 from pflkit.io import CheckpointError, load_torch, locked_folder, save_torch

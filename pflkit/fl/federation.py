@@ -19,7 +19,6 @@ import inspect
 import json
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np

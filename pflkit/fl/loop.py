@@ -119,11 +119,14 @@ def check_finite(obj: Any, what: str, when: str) -> None:
 
 
 def missing_clients(per_client: dict[int, dict]) -> list[dict]:
-    """Clients without a finite test accuracy, each with the reason (no test samples, NaN)."""
+    """Clients without a finite test accuracy, each with the reason (a failed evaluation's ``"failed"``
+    text, as a transport such as Flower records it; no test samples; NaN)."""
     out = []
     for cid in sorted(per_client):
         m = per_client[cid]
-        if m.get("n", 1) == 0:
+        if "failed" in m:
+            out.append({"client": int(cid), "reason": m["failed"]})
+        elif m.get("n", 1) == 0:
             out.append({"client": int(cid), "reason": "no test samples"})
         elif m.get("acc") is None or not math.isfinite(float(m["acc"])):
             out.append({"client": int(cid), "reason": f"test accuracy is {m.get('acc')}"})
@@ -162,6 +165,12 @@ class StageResult:
     seconds: float = 0.0
     error: str = ""
     missing: list[dict] = field(default_factory=list)
+
+    def set_test(self, per_client: dict[int, dict]) -> None:
+        """Record the test pass; a client without a finite accuracy makes the stage ``incomplete``."""
+        self.per_client, self.missing = per_client, missing_clients(per_client)
+        if self.missing:
+            self.status, self.error = "incomplete", f"{len(self.missing)} client(s) without a test accuracy"
 
     @property
     def summary(self) -> dict[str, float]:
@@ -255,12 +264,8 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     try:
         check_finite(client_states, "client_states", "at the end of the stage")
         if test:
-            result.per_client = evaluate_clients(algo, state, client_states, fed, range(fed.num_clients), cfg, env,
-                                                 "test", desc=None if desc is None else f"{desc}: test")
-            result.missing = missing_clients(result.per_client)
-            if result.missing:
-                result.status = "incomplete"
-                result.error = f"{len(result.missing)} client(s) without a test accuracy"
+            result.set_test(evaluate_clients(algo, state, client_states, fed, range(fed.num_clients), cfg, env,
+                                             "test", desc=None if desc is None else f"{desc}: test"))
     except Diverged as e:
         result.status, result.error = "diverged", str(e)
     result.seconds = time.perf_counter() - t0

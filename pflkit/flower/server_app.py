@@ -47,7 +47,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from tqdm.auto import tqdm
 
 from pflkit.algorithms.base import Algorithm, Env, Update, check_config
-from pflkit.fl.loop import StageResult, _score, check_finite, eval_clients, missing_clients, sample_clients, summarize
+from pflkit.fl.loop import StageResult, _score, check_finite, eval_clients, sample_clients, summarize
 from pflkit.fl.train import Diverged, set_state
 from pflkit.flower import records
 from pflkit.flower.records import tensors_in
@@ -301,14 +301,9 @@ class PflkitStrategy(Strategy):
             _, best_round, self._test_state = self.best
         result = StageResult("ok", self._test_state, {}, self.history, best_round=best_round)
         try:
-            result.per_client = self.test(grid, best_round)
+            result.set_test(self.test(grid, best_round))  # as the loop: no accuracy -> incomplete
         except Diverged as e:
             result.status, result.error = "diverged", str(e)
-        else:  # as the loop: a client without a test accuracy makes the stage incomplete, not ok
-            result.missing = missing_test(result.per_client)
-            if result.missing:
-                result.status = "incomplete"
-                result.error = f"{len(result.missing)} client(s) without a test accuracy"
         result.seconds = time.perf_counter() - t0
         return result
 
@@ -326,7 +321,7 @@ class PflkitStrategy(Strategy):
                 row["val_failed"] = sorted(self._eval_failures)
                 row["val_failures"] = {str(c): r for c, r in sorted(self._eval_failures.items())}
         score = _score(self.cfg, val, self._updates)
-        if self.cfg.keep_best and score is not None and not math.isnan(score) and (
+        if self.cfg.keep_best and score is not None and (  # `_score` never returns NaN
                 self.best is None or score > self.best[0]):
             self.best = (score, t + 1, copy.deepcopy(self.state))
         row["seconds"] = time.perf_counter() - tr
@@ -361,14 +356,6 @@ class PflkitStrategy(Strategy):
                 res.evaluate_metrics_clientapp[row["round"]] = MetricRecord(
                     {"val_acc": row["val_acc"], "val_loss": row["val_loss"]})
         return res
-
-
-def missing_test(per_client: dict[int, dict]) -> list[dict]:
-    """``[{"client", "reason"}]``: clients whose test evaluation failed (their reason), and those
-    that answered without a finite accuracy (`pflkit.fl.loop.missing_clients`)."""
-    failed = [{"client": int(c), "reason": m["failed"]} for c, m in per_client.items() if "failed" in m]
-    answered = {c: m for c, m in per_client.items() if "failed" not in m}
-    return sorted(failed + missing_clients(answered), key=lambda m: m["client"])
 
 
 def _update(content: RecordDict) -> Update:
