@@ -3,7 +3,10 @@
 All three are computed in one process on the same model and the same batches:
 
 * IFT: `pflkit.meta.hypergrad.ift_hypergrad` exactly as a FedL2P client calls it (Alg. 2, Q = 3
-  Neumann steps, psi = 0.1): ``L_T`` the look-ahead loss of Eq. 9-10 on two training batches,
+  Neumann steps, psi = 0.1, the losses of `pflkit.meta.learner.meta_losses`): ``L_T`` of
+  Eq. 9-10 through the last fine-tuning step (``--lt-mode last_step``, the default: that step's
+  gradient on the first batch, the loss on the second, evaluation mode) or with an extra
+  look-ahead step (``--lt-mode lookahead``: a step batch and a loss batch, training mode),
   ``L_V`` on a validation batch, lambda = the BNNet / LRNet weights and eta_tilde, at a
   fine-tuned theta (here: the pretrained weights, the cost does not depend on where);
 * FO-MAML: `fo_maml_metagrad` (one inner step on the training batch, the outer gradient
@@ -20,6 +23,7 @@ call (a dispatch-mode tracker; the model's weights and the batches are excluded 
 
     python benchmarks/hypergradient.py                       # CIFAR ResNet-18, batch 32
     python benchmarks/hypergradient.py --model lenet --repeats 20
+    python benchmarks/hypergradient.py --lt-mode lookahead   # pflkit's earlier L_T
 """
 from __future__ import annotations
 
@@ -34,8 +38,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from pflkit.meta.functional import forward, lookahead_loss, model_tensors, validation_loss
+from pflkit.meta.functional import forward, model_tensors
 from pflkit.meta.hypergrad import fo_maml_metagrad, hf_maml_metagrad, ift_hypergrad
+from pflkit.meta.learner import LT_MODES, meta_losses
 from pflkit.meta.linear_solve import neumann
 from pflkit.meta.metanets import MetaSpec, init_meta_params, meta_hyperparams
 from pflkit.models import build_model
@@ -69,13 +74,13 @@ class StoragePeak(TorchDispatchMode):
         return out
 
 
-def setup(model_name: str, batch_size: int, device: torch.device, seed: int = 0):
+def setup(model_name: str, batch_size: int, device: torch.device, seed: int = 0, lt_mode: str = "last_step"):
     """A pretrained-like model with FedL2P's BN layers, the batches, lambda and the three losses."""
     torch.manual_seed(seed)
     options = {"bn": True, "width": 32} if model_name == "lenet" else {}
     model = convert_bn(build_model(model_name, num_classes=10, input_shape=(3, 32, 32), **options)).to(device)
     batches = [(torch.randn(batch_size, 3, 32, 32, device=device), torch.randint(0, 10, (batch_size,), device=device))
-               for _ in range(3)]  # step batch, loss batch, validation batch
+               for _ in range(3)]  # step batch (the last fine-tuning batch), loss batch, validation batch
     init_client_stats(model, [batches[0][0]])
     params, buffers = model_tensors(model)
     spec = MetaSpec(num_bn=len(bn_modules(model)), num_layers=len(layer_input_modules(model)),
@@ -91,13 +96,6 @@ def setup(model_name: str, batch_size: int, device: torch.device, seed: int = 0)
         beta, eta = meta_hyperparams(spec, nets, dict(zip(keys, lm)), xi, feats)
         return beta, eta.to(device)
 
-    def train_loss(th, lm):
-        beta, eta = hp(lm)
-        return lookahead_loss(model, dict(zip(names, th)), buffers, batches[0], batches[1], eta, beta)
-
-    def val_loss(th, lm):
-        return validation_loss(model, dict(zip(names, th)), buffers, batches[2], hp(lm)[0])
-
     with torch.no_grad():
         beta0 = hp([lam[k] for k in keys])[0]
 
@@ -105,6 +103,13 @@ def setup(model_name: str, batch_size: int, device: torch.device, seed: int = 0)
         copies = {n: b.clone() for n, b in buffers.items()}
         return F.cross_entropy(forward(model, dict(zip(names, th)), copies, batch[0], beta=beta0, training=True),
                                batch[1])
+
+    grads = None
+    if lt_mode == "last_step":  # the last fine-tuning step's gradient: computed once, outside the timing
+        th0 = [p.detach().requires_grad_(True) for p in params.values()]
+        grads = [g.detach() for g in torch.autograd.grad(ce(th0, batches[0]), th0)]
+    train_loss, val_loss, _ = meta_losses(model, names, hp, buffers, batches[2], lt_mode=lt_mode,
+                                          loss_b=batches[1], step_b=batches[0], grads=grads)
 
     theta, lm = list(params.values()), [lam[k] for k in keys]
     return {
@@ -174,15 +179,18 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--lt-mode", default="last_step", choices=LT_MODES,
+                    help="FedL2P's L_T: through the last fine-tuning step (default) or an extra look-ahead step")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.batch_size < 1:
         raise SystemExit("--repeats and --batch-size must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    fns, n_theta, n_lam = setup(args.model, args.batch_size, device)
+    fns, n_theta, n_lam = setup(args.model, args.batch_size, device, lt_mode=args.lt_mode)
     methods = ("IFT", "FO-MAML", "HF-MAML")
-    print(f"{args.model}, batch {args.batch_size}, device {device}, {torch.get_num_threads()} threads: "
+    print(f"{args.model}, batch {args.batch_size}, device {device}, {torch.get_num_threads()} threads, "
+          f"L_T {args.lt_mode}: "
           f"{n_theta:,} model parameters, {n_lam:,} meta-parameters (lambda)")
     for m in methods:  # warm-up (allocator, kernels)
         fns[m]()

@@ -8,9 +8,10 @@ one fine-tuning learning rate per weight / bias tensor (Eq. 4). Alg. 1:
 
 * ``init`` (line 1): lambda at its App. D/E initial values; theta_g is kept, never trained;
 * ``broadcast`` (line 5): theta_g and lambda;
-* ``client_update`` (lines 6-12): client statistics, then K times (fine-tune theta_g for e
-  epochs with the current beta and eta; one clipped hypergradient SGD step on lambda);
-  reports lambda_i, N_i and the mean validation loss L_V;
+* ``client_update`` (lines 6-12): client statistics, then one meta step per validation
+  batch of ``meta_iters`` passes over the validation split (fine-tune theta_g for e epochs
+  with the current beta and eta; one clipped hypergradient SGD step on lambda); reports
+  lambda_i, N_i and the mean validation loss L_V;
 * ``aggregate`` (line 14): lambda = sum_i N_i lambda_i / sum_i N_i;
 * the loop keeps the lambda with the lowest mean validation loss over rounds
   (``select="update_val_loss"``, sec. 4.1);
@@ -27,9 +28,10 @@ Variants (Tables 2-5, 8), each a config subclass with different defaults:
 * ``FEDL2P_LRNET_BETA1`` / ``FEDL2P_LRNET_BETA0``: LRNet only with beta fixed to 1 / 0.
 
 The readings we chose where the paper is ambiguous are written in `pflkit.meta.learner`
-(where the IFT is applied), `pflkit.meta.functional` (how beta's gradient flows),
-`pflkit.meta.metanets` (one eta per tensor) and `pflkit.meta.linear_solve` (Alg. 2's
-missing factor psi: ``neumann_scaled=False`` follows the paper and the authors' code).
+(where the IFT is applied, L_T, the meta schedule, the client statistics),
+`pflkit.meta.functional` (how beta's gradient flows), `pflkit.meta.metanets` (one eta per
+tensor) and `pflkit.meta.linear_solve` (Alg. 2's missing factor psi: ``neumann_scaled=False``
+follows the paper and the authors' code).
 """
 from __future__ import annotations
 
@@ -42,10 +44,11 @@ from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.train import evaluate_model, get_state
 from pflkit.meta.learner import (
-    hyperparams, meta_learn, model_spec, personalize, prepare_client, sparsity,
+    LT_MODES, META_SCHEDULES, hyperparams, meta_learn, model_spec, personalize, prepare_client, sparsity,
 )
 from pflkit.meta.metanets import init_meta_params
 from pflkit.models.introspect import bn_modules
+from pflkit.models.mixed_bn import CLIENT_STATS_INIT
 
 __all__ = ["FedL2PConfig", "FOMAMLConfig", "BNNetOnlyConfig", "LRNetBeta1Config", "LRNetBeta0Config",
            "FEDL2P", "L2P", "FEDL2P_FOMAML", "FEDL2P_BNNET", "FEDL2P_LRNET_BETA1", "FEDL2P_LRNET_BETA0",
@@ -64,21 +67,35 @@ class FedL2PConfig(FLConfig):
         batch_size: 32.
         lr: the fine-tuning learning rate (1e-3 on CIFAR-10); eta_tilde's initial value
             and eta of every tensor when LRNet is off.
-        epochs: e, fine-tuning epochs per meta iteration and for personalization (5 or 15).
-        meta_iters: K, meta iterations per client per round (the authors' default 3).
+        epochs: e, fine-tuning epochs per meta step and for personalization (5 or 15).
+        meta_iters: passes over the client's validation split per round (the authors' 3
+            outer epochs); with ``meta_schedule="steps"``, K, the number of meta steps.
+        meta_schedule: ``"passes"`` (default, the authors' code): one meta step per
+            validation batch of ``val_batch_size``, ``meta_iters * ceil(|V| / val_batch_size)``
+            steps; ``"steps"``: exactly ``meta_iters`` steps (pflkit's earlier schedule).
+        val_batch_size: L_V's batch: 32 (sec. 4.1's batch size, the authors' code); 0 uses
+            the whole validation split (one step per pass, or per step with ``"steps"``).
+            Under ``"steps"`` a size > 0 draws one random batch per step. The earlier
+            pflkit default is ``meta_schedule="steps"`` with ``val_batch_size=0``.
+        lt_mode: the training loss L_T of Eq. 9-10 (`pflkit.meta.learner`):
+            ``"last_step"`` (default, the authors' code): through the last fine-tuning
+            step, cross-entropy in evaluation mode on one fresh training batch;
+            ``"lookahead"``: an extra step on a fresh step batch, training mode.
+        client_stats_init: where the client's BN running statistics start before each
+            fine-tuning: ``"reset"`` (default, mean 0 / variance 1, the authors' code) or
+            ``"pass"`` (one pass over the train split; `pflkit.models.mixed_bn`).
         meta_grad: ``"ift"`` (Alg. 2) or ``"fomaml"`` (FOMAML+, App. F).
         neumann_steps, psi: Q = 3 and psi = 0.1 of Alg. 2.
         neumann_scaled: multiply the Neumann sum by psi (the consistent approximation of
             H^{-1}); False (default) outputs Alg. 2's p as printed, as the authors' code.
         second_order: differentiate through the look-ahead gradient of Eq. 10 (third-order
-            autograd); False treats it as a constant, as the authors' code.
+            autograd; ``lt_mode="lookahead"`` only); False treats it as a constant, as the
+            authors' code.
         zeta: SGD learning rates of (w_bn, w_lr, eta_tilde): (1e-3, 1e-3, 1e-4).
         clip: hypergradients clipped by value to [-clip, clip] (1; 0 disables).
         use_bnnet, use_lrnet, fixed_beta: the ablations of Table 5 (beta = fixed_beta
             without BNNet; eta = lr without LRNet).
         hidden, init_gain, bn_bias_init, lr_bias_init, lr_max: App. E (100, 0.1, 0.5, 1.0, 1000).
-        val_batch_size: L_V on one random validation batch of this size per meta iteration
-            (the authors' code); 0 (default) uses the whole validation split.
         skip_nonfinite: skip batches with a non-finite loss and meta steps with a non-finite
             hypergradient (the authors' code) instead of stopping the run as diverged.
         augment: apply the federation's training augmentation while fine-tuning.
@@ -95,6 +112,9 @@ class FedL2PConfig(FLConfig):
     lr: float = 1e-3
     epochs: int = 15
     meta_iters: int = 3
+    meta_schedule: str = "passes"
+    lt_mode: str = "last_step"
+    client_stats_init: str = "reset"
     meta_grad: str = "ift"
     neumann_steps: int = 3
     psi: float = 0.1
@@ -110,7 +130,7 @@ class FedL2PConfig(FLConfig):
     bn_bias_init: float = 0.5
     lr_bias_init: float = 1.0
     lr_max: float = 1000.0
-    val_batch_size: int = 0
+    val_batch_size: int = 32
     skip_nonfinite: bool = False
     augment: bool = True
 
@@ -120,6 +140,11 @@ class FedL2PConfig(FLConfig):
         require(isinstance(self.meta_iters, int) and self.meta_iters >= 1, "meta_iters", self.meta_iters,
                 "must be an integer >= 1")
         one_of("meta_grad", self.meta_grad, {"ift", "fomaml"})
+        one_of("meta_schedule", self.meta_schedule, set(META_SCHEDULES))
+        one_of("lt_mode", self.lt_mode, set(LT_MODES))
+        one_of("client_stats_init", self.client_stats_init, set(CLIENT_STATS_INIT))
+        require(not (self.second_order and self.lt_mode == "last_step"), "second_order", self.second_order,
+                "needs lt_mode='lookahead' (the last fine-tuning step's gradient is a constant)")
         require(isinstance(self.neumann_steps, int) and self.neumann_steps >= 0, "neumann_steps",
                 self.neumann_steps, "must be an integer >= 0")
         positive("psi", self.psi)
@@ -131,7 +156,8 @@ class FedL2PConfig(FLConfig):
         require(0.0 <= self.fixed_beta <= 1.0, "fixed_beta", self.fixed_beta, "must be in [0, 1]")
         require(isinstance(self.hidden, int) and self.hidden >= 1, "hidden", self.hidden, "must be an integer >= 1")
         positive("lr_max", self.lr_max)
-        require(self.val_batch_size >= 0, "val_batch_size", self.val_batch_size, "must be >= 0")
+        require(isinstance(self.val_batch_size, int) and self.val_batch_size >= 0, "val_batch_size",
+                self.val_batch_size, "must be an integer >= 0")
         for key in ("momentum", "weight_decay", "max_grad_norm"):
             require(getattr(self, key) == 0, key, getattr(self, key),
                     "FedL2P fine-tunes with plain SGD and layer-wise learning rates; must be 0")

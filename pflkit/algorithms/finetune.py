@@ -6,8 +6,10 @@ differ only in the statistics their BatchNorm layers normalize with
 (`pflkit.models.mixed_bn`):
 
 * ``bn="client"``, FT (BN C): beta = 1 in Eq. 2 -- batch statistics in training,
-  the client's running statistics (first estimated by one pass over its train
-  split, then tracked during fine-tuning) at test time; as FedBN / Ditto / Per-FedAvg.
+  the client's running statistics at test time; as FedBN / Ditto / Per-FedAvg. Those
+  statistics start at mean 0 / variance 1 and are tracked during fine-tuning
+  (``client_stats_init="reset"``, the authors' code) or start from one pass over the
+  train split (``"pass"``); see `pflkit.models.mixed_bn`.
 * ``bn="global"``, FT (BN G): beta = 0 -- the pretrained model's statistics throughout.
 * ``bn="batch"``, FT (BN I): the incoming batch's statistics, also at test time (FedBABU).
 * ``bn="none"``: plain fine-tuning for models without BatchNorm.
@@ -22,23 +24,28 @@ from dataclasses import dataclass
 from pflkit.algorithms.base import Algorithm, FLConfig, Update
 from pflkit.config import one_of, require
 from pflkit.fl.train import client_batches, evaluate_model, get_state, local_sgd, set_state
-from pflkit.models.mixed_bn import FT_MODES, convert_bn, init_client_stats, mixed_bn_layers, set_bn_mode
+from pflkit.models.mixed_bn import CLIENT_STATS_INIT, FT_MODES, convert_bn, mixed_bn_layers, set_bn_mode, \
+    start_client_stats
 
 BN_CHOICES = ("client", "global", "batch", "none")
 
 
 @dataclass(frozen=True)
 class FineTuneConfig(FLConfig):
-    """Attributes: bn (see module docstring), epochs = e of FedL2P (5 or 15); lr 1e-3 (App. D)."""
+    """Attributes: bn (see module docstring), epochs = e of FedL2P (5 or 15); lr 1e-3 (App. D);
+    client_stats_init: ``"reset"`` (default, the authors' code) or ``"pass"``, where the
+    client's BN running statistics start (they only matter for FT (BN C))."""
 
     rounds: int = 0
     bn: str = "client"
     epochs: int = 5
     lr: float = 1e-3
+    client_stats_init: str = "reset"
 
     def __post_init__(self):
         super().__post_init__()
         one_of("bn", self.bn, set(BN_CHOICES))
+        one_of("client_stats_init", self.client_stats_init, set(CLIENT_STATS_INIT))
         require(self.epochs >= 0, "epochs", self.epochs, "must be >= 0")
 
 
@@ -58,8 +65,8 @@ def aggregate(state, updates, cfg, env):
     return state
 
 
-def prepare(weights, client, bn: str, env):
-    """The pretrained model, BN layers set to ``bn`` mode, client statistics initialized."""
+def prepare(weights, client, bn: str, env, client_stats_init: str = "reset"):
+    """The pretrained model, BN layers set to ``bn`` mode, client statistics started."""
     model = env.scratch_model("finetune-bn") if bn != "none" else env.scratch_model()
     if bn != "none" and not mixed_bn_layers(model):
         convert_bn(model)
@@ -68,13 +75,13 @@ def prepare(weights, client, bn: str, env):
     set_state(model, weights)
     if bn != "none":
         set_bn_mode(model, bn)
-        init_client_stats(model, client_batches(client, "train", device=env.device))
+        start_client_stats(model, client_stats_init, lambda: client_batches(client, "train", device=env.device))
     return model
 
 
 def finetune(weights, client, cfg, env):
     """Fine-tune the pretrained ``weights`` on the client's train split; returns the model."""
-    model = prepare(weights, client, cfg.bn, env)
+    model = prepare(weights, client, cfg.bn, env, cfg.client_stats_init)
     if cfg.epochs > 0:
         local_sgd(model, client, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs,
                   generator=env.generator("finetune", client.id), momentum=cfg.momentum,

@@ -7,18 +7,22 @@ rate per parameter tensor in ``named_parameters`` order (`pflkit.meta.metanets`)
 ``beta`` is None (leave the BN layers as they are), a float, or a (B,) tensor, one
 mixing weight per `MixedBatchNorm` layer (Eq. 2).
 
-* `finetune`: Alg. 1 line 9, e epochs of SGD where tensor k steps with eta_k (no graph).
-* `lookahead_loss`: the training loss of Eq. 9-10, explicit in eta through one look-ahead
-  step ``theta' = theta - eta * grad CE(theta)``.
+* `finetune`: Alg. 1 line 9, e epochs of SGD where tensor k steps with eta_k (no graph);
+  it can hand back its last step (weights before it, batch, gradient) for L_T.
+* `lookahead_loss`: the training loss of Eq. 9-10, explicit in eta through one step
+  ``theta' = theta - eta * g``: ``g`` either the gradient of a step batch at theta or a
+  given constant (the last fine-tuning step's, `pflkit.meta.learner`'s default), the
+  outer forward pass in training or evaluation mode.
 * `validation_loss`: L_V of sec. 3.3, explicit in beta through the BN layers.
 
 How beta's gradient flows (our reading of Eq. 2 in both BN modes): in training mode a
 BN layer normalizes with ``(1 - beta) mu_pt + beta mu_batch`` (and the same for the
 variance), so beta is differentiable through the current batch's statistics; in
-evaluation mode (L_V, test) with ``(1 - beta) mu_pt + beta mu_client``, the client's
-running statistics (initialized by one pass over its train split, tracked during
-fine-tuning). Passes that only compute a loss for a hypergradient work on copies of the
-buffers, so they never move the client's running statistics.
+evaluation mode (L_V, L_T by default, test) with ``(1 - beta) mu_pt + beta mu_client``,
+the client's running statistics (reset to 0 / 1 or set by one pass over its train split,
+`pflkit.models.mixed_bn`, then tracked during fine-tuning). Passes that only compute a
+loss for a hypergradient work on copies of the buffers, so they never move the client's
+running statistics.
 """
 from __future__ import annotations
 
@@ -129,7 +133,8 @@ def _ce_grads(model, params: Params, buffers: Params, batch: Batch, create_graph
 
 
 def finetune(model: nn.Module, params: Params, buffers: Params, batches: Iterable[Batch], eta: torch.Tensor,
-             beta: Beta = None, *, skip_nonfinite: bool = False, where: str = "fine-tuning") -> tuple[Params, dict]:
+             beta: Beta = None, *, skip_nonfinite: bool = False, where: str = "fine-tuning",
+             keep_last: bool = False) -> tuple[Params, dict]:
     """Fine-tune ``params`` with per-tensor learning rates ``eta`` (Alg. 1 line 9, sec. 3.2).
 
     Plain SGD, one step per batch: ``theta_k <- theta_k - eta_k * grad_k CE``; BN layers in
@@ -147,6 +152,9 @@ def finetune(model: nn.Module, params: Params, buffers: Params, batches: Iterabl
         skip_nonfinite: skip a batch whose loss is NaN/inf (the authors' code) instead of
             raising `pflkit.fl.train.Diverged` (the pflkit convention).
         where: names the run in error messages.
+        keep_last: also return the last step taken, ``stats["last"] = {"params": weights
+            before it, "batch": its batch, "grads": its gradient (list, detached)}``, or None
+            when no step was taken; the default L_T of FedL2P differentiates through it.
 
     Returns:
         ``(params, {"loss": mean training loss, "steps": steps taken, "skipped": batches skipped})``.
@@ -156,6 +164,7 @@ def finetune(model: nn.Module, params: Params, buffers: Params, batches: Iterabl
     rates = eta.tolist()
     cur = {n: t.detach() for n, t in params.items()}
     total, seen, steps, skipped = 0.0, 0, 0, 0
+    last = None
     with using_beta(model, beta):
         model.train()
         for xb, yb in batches:
@@ -172,23 +181,35 @@ def finetune(model: nn.Module, params: Params, buffers: Params, batches: Iterabl
                     buffers[n].copy_(b)
                 skipped += 1
                 continue
+            if keep_last:
+                last = {"params": cur, "batch": (xb, yb), "grads": [g.detach() for g in grads]}
             with torch.no_grad():
                 # the very op of torch.optim.SGD (p + (-lr) g), so that eta = lr everywhere
                 # reproduces the FT baselines bit for bit
                 cur = {n: torch.add(p, g, alpha=-e) for (n, p), g, e in zip(cur.items(), grads, rates)}
             total, seen, steps = total + value * len(yb), seen + len(yb), steps + 1
-    return cur, {"loss": total / max(seen, 1), "steps": steps, "skipped": skipped}
+    stats = {"loss": total / max(seen, 1), "steps": steps, "skipped": skipped}
+    if keep_last:
+        stats["last"] = last
+    return cur, stats
 
 
-def lookahead_step(model: nn.Module, params: Params, buffers: Params, step_batch: Batch, eta: torch.Tensor,
-                   beta: Beta = None, *, second_order: bool = False) -> Params:
+def lookahead_step(model: nn.Module, params: Params, buffers: Params, step_batch: Batch | None, eta: torch.Tensor,
+                   beta: Beta = None, *, second_order: bool = False,
+                   grads: Sequence[torch.Tensor] | None = None) -> Params:
     """Eq. 10: ``theta' = theta - eta(lambda) * grad_theta CE(f_{theta, beta}(x_s), y_s)``.
 
     The gradient is taken in training mode on copies of the buffers. With
     ``second_order=False`` it is detached (a constant): theta' is then differentiable in
-    theta only through the identity term and exactly differentiable in eta.
+    theta only through the identity term and exactly differentiable in eta. ``grads``
+    gives that constant gradient directly (e.g. the last fine-tuning step's; then
+    ``step_batch`` is unused and ``second_order`` must be False).
     """
     _check_eta(eta, params)
+    if grads is not None:
+        if second_order:
+            raise ValueError("lookahead_step: a given gradient is a constant; second_order needs a step batch")
+        return sgd_step(params, [g.detach() for g in grads], eta)
     buffers = {n: b.clone() for n, b in buffers.items()}
     # The gradient needs leaves to differentiate; with a constant gradient, fresh detached
     # ones, so that theta itself may come without a graph (FOMAML+).
@@ -202,33 +223,35 @@ def lookahead_step(model: nn.Module, params: Params, buffers: Params, step_batch
     return sgd_step(params, grads, eta)
 
 
-def lookahead_loss(model: nn.Module, params: Params, buffers: Params, step_batch: Batch, loss_batch: Batch,
-                   eta: torch.Tensor, beta: Beta = None, *, second_order: bool = False) -> torch.Tensor:
-    """L_T(theta, lambda) of Eq. 9-10: the loss after one look-ahead SGD step.
+def lookahead_loss(model: nn.Module, params: Params, buffers: Params, step_batch: Batch | None, loss_batch: Batch,
+                   eta: torch.Tensor, beta: Beta = None, *, second_order: bool = False,
+                   grads: Sequence[torch.Tensor] | None = None, training: bool = True) -> torch.Tensor:
+    """L_T(theta, lambda) of Eq. 9-10: the loss after one SGD step.
 
     ``theta'`` is `lookahead_step` (Eq. 10) and ``L_T = CE(f_{theta', beta}(x_l), y_l)``
-    (Eq. 9), both forward passes in training mode, so L_T depends explicitly on eta
-    (through theta') and on beta (through the BN layers). The expectations over P_T are
-    estimated on two training batches, the step batch and the loss batch (the authors'
-    code: the last fine-tuning batch, then a fresh one).
+    (Eq. 9), so L_T depends explicitly on eta (through theta') and on beta (through the
+    BN layers). The expectations over P_T are estimated on training batches: the step
+    batch (or the given gradient ``grads``) and the loss batch.
 
     Args:
         model, params, buffers: the network (buffers are copied: no statistics move).
-        step_batch: batch of the look-ahead gradient.
+        step_batch: batch of the step's gradient (training mode); None with ``grads``.
         loss_batch: batch of the outer cross-entropy.
         eta: (P,) learning rates (differentiable).
         beta: BN mixing weights (differentiable).
-        second_order: differentiate through the look-ahead gradient (exact Eq. 10). False
+        second_order: differentiate through the step's gradient (exact Eq. 10). False
             treats it as a constant, as the authors' code does for the last fine-tuning step:
             L_T keeps its exact value and its exact derivative in eta, while its Hessian in
             theta drops the third-order term (and the cost of third derivatives).
+        grads: the step's gradient as a constant (the last fine-tuning step's in FedL2P's
+            default L_T), instead of one computed on ``step_batch``.
+        training: BN mode of the outer forward pass: True (batch statistics mixed by beta)
+            or False (the client's running statistics mixed by beta, as the authors' code).
     """
-    ahead = lookahead_step(model, params, buffers, step_batch, eta, beta, second_order=second_order)
+    ahead = lookahead_step(model, params, buffers, step_batch, eta, beta, second_order=second_order, grads=grads)
     buffers = {n: b.clone() for n, b in buffers.items()}
     xb, yb = loss_batch
-    with using_beta(model, beta):
-        model.train()
-        return F.cross_entropy(functional_call(model, (ahead, buffers), (xb,)), yb)
+    return F.cross_entropy(forward(model, ahead, buffers, xb, beta=beta, training=training), yb)
 
 
 def validation_loss(model: nn.Module, params: Params, buffers: Params, batch: Batch, beta: Beta = None) -> torch.Tensor:

@@ -4,26 +4,51 @@ These functions take the algorithm's config (`pflkit.algorithms.fedl2p.FedL2PCon
 duck-typed here) and the run's `Env`; the phase functions of the algorithm are thin
 wrappers around them.
 
+Client statistics (``client_stats_init``): Alg. 1 lines 6-7 pass the client's train split
+through the pretrained model for the meta-nets' inputs; the client's BN running statistics
+then start at mean 0 / variance 1 before every fine-tuning (``"reset"``, the authors' code)
+or keep that pass's moments (``"pass"``), see `pflkit.models.mixed_bn`.
+
 Where the IFT is applied (our reading of sec. 3.3): Alg. 1 line 9 fine-tunes the
 pretrained model for e epochs with the current (beta, eta), detached, giving theta_i;
-the paper identifies the stationary point theta*(lambda) of the look-ahead loss L_T
-(Eq. 9-10) with the fine-tuned weights ("theta* coincides with theta'", "a single
-instance of inner-loop iterations"), so line 10 takes theta* = theta_i and applies
-Eq. 6-7 there with
+the paper identifies the stationary point theta*(lambda) of L_T (Eq. 9-10) with the step's
+result ("theta* coincides with theta'", "a single instance of inner-loop iterations"), so
+line 10 takes theta* = theta_i and applies Eq. 6-7 there with L_V on one validation batch
+and L_T chosen by ``lt_mode``:
 
-* ``L_T(theta, lambda)`` = `pflkit.meta.functional.lookahead_loss` on two fresh training
-  batches (look-ahead gradient detached by default, as the authors' code);
-* ``L_V(theta, lambda)`` = `pflkit.meta.functional.validation_loss` on the client's
-  validation split (the whole split, or one random batch of ``val_batch_size``).
+* ``"last_step"`` (default, the authors' code): Eq. 10's step *is* the last fine-tuning
+  step, ``theta' = theta_{N-1} - eta(lambda) g``, ``g`` the gradient that step took (a
+  constant, computed in training mode), so theta' = theta_i; Eq. 9's cross-entropy is taken
+  on one fresh training batch in evaluation mode (the client's running statistics mixed by
+  beta). As a function of theta = theta_i, with eta_hat = eta's current value held constant:
+  ``L_T(theta, lambda) = CE_eval(f_{theta - (eta(lambda) - eta_hat) g, beta(lambda)}(x_l), y_l)``.
+  Its Hessian in theta is the cross-entropy's at theta_i and its mixed derivative in eta is
+  ``-H g`` per tensor: what the authors' code gets by differentiating d_theta L_T at the
+  fine-tuned weights, which carry eta's graph from the last step only. With an exact
+  H^{-1} the IFT term for eta_k is then ``<d L_V / d theta_k, g_k>``.
+* ``"lookahead"`` (pflkit's earlier reading): one extra step from theta_i on a fresh step
+  batch, both forward passes in training mode (`pflkit.meta.functional.lookahead_loss`);
+  ``second_order`` differentiates through that step's gradient.
 
-FOMAML+ (App. F) differentiates ``L_V(theta_i - eta(lambda) g, lambda)`` instead, ``g``
-the detached gradient of the same step batch.
+FOMAML+ (App. F) differentiates ``L_V(theta', lambda)`` through the same step instead.
+
+Meta schedule (``meta_schedule``, Alg. 1 line 8's K):
+
+* ``"passes"`` (default, the authors' code): ``meta_iters`` passes over the validation split
+  in shuffled batches of ``val_batch_size`` (32), one meta step per batch, i.e.
+  ``meta_iters * ceil(|V| / val_batch_size)`` steps (``val_batch_size = 0``: one step per
+  pass on the whole split);
+* ``"steps"``: K = ``meta_iters`` steps, L_V on the whole split (``val_batch_size = 0``) or
+  on one random batch of ``val_batch_size`` per step.
+
+Each meta step fine-tunes theta_g afresh (line 9) and takes one SGD step on lambda (line 10).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -32,16 +57,19 @@ from pflkit.fl.federation import Client
 from pflkit.fl.train import Diverged, client_batches, set_state
 from pflkit.meta.client_stats import ClientStats, client_stats
 from pflkit.meta.functional import (
-    Params, finetune, load_tensors, lookahead_loss, lookahead_step, model_tensors, validation_loss,
+    Batch, Params, finetune, load_tensors, lookahead_loss, lookahead_step, model_tensors, sgd_step, validation_loss,
 )
 from pflkit.meta.hypergrad import clip_by_value, fomaml_plus, ift_hypergrad
 from pflkit.meta.linear_solve import neumann
 from pflkit.meta.metanets import MetaNet, MetaSpec, group_of, meta_hyperparams
 from pflkit.models.introspect import bn_modules, layer_input_modules, layer_param_names
-from pflkit.models.mixed_bn import convert_bn, mixed_bn_layers, set_bn_mode
+from pflkit.models.mixed_bn import convert_bn, mixed_bn_layers, reset_client_stats, set_bn_mode
 
-__all__ = ["ClientContext", "model_spec", "scratch_model", "prepare_client", "hyperparams", "meta_step",
-           "meta_learn", "sparsity", "personalize", "epoch_batches"]
+__all__ = ["ClientContext", "model_spec", "scratch_model", "prepare_client", "hyperparams", "meta_losses",
+           "meta_step", "meta_learn", "val_schedule", "num_meta_steps", "sparsity", "personalize", "epoch_batches"]
+
+LT_MODES = ("last_step", "lookahead")
+META_SCHEDULES = ("passes", "steps")
 
 SCRATCH = "fedl2p"
 
@@ -87,10 +115,17 @@ def _meta_modules(spec: MetaSpec, env) -> dict[str, MetaNet]:
 
 
 def prepare_client(weights: dict, client: Client, cfg, env) -> ClientContext:
-    """Load the pretrained weights and compute the client's meta-data (Alg. 1 lines 5-7)."""
+    """Load the pretrained weights and compute the client's meta-data (Alg. 1 lines 5-7).
+
+    The client's BN running statistics in ``ctx.buffers`` (and the module) then start as
+    ``cfg.client_stats_init`` says: mean 0 / variance 1 (``"reset"``) or the pass's moments.
+    """
     model = scratch_model(env)
     set_state(model, weights)
-    stats = client_stats(model, lambda: client_batches(client, "train", device=env.device))
+    # the pass sets the client statistics to its moments ("pass"); "reset" then clears them
+    stats = client_stats(model, partial(client_batches, client, "train", device=env.device))
+    if stats.bn_stats and cfg.client_stats_init == "reset":
+        reset_client_stats(model)
     params, buffers = model_tensors(model)
     spec = model_spec(model, cfg)
     stats.xi, stats.features = stats.xi.to(env.device), stats.features.to(env.device)
@@ -111,58 +146,130 @@ def epoch_batches(client: Client, cfg, generator: torch.Generator, device):
                                   augment=cfg.augment)
 
 
-def _val_batch(client: Client, cfg, gen: torch.Generator, device):
+def _val_split(client: Client) -> str:
     # A client without a validation split meta-learns on its train split (as the authors' code).
-    split = "val" if client.num("val") > 0 else "train"
+    return "val" if client.num("val") > 0 else "train"
+
+
+def _val_batch(client: Client, cfg, gen: torch.Generator, device):
+    """L_V's batch of one meta step under ``meta_schedule="steps"``."""
+    split = _val_split(client)
     if cfg.val_batch_size > 0:
         return client.random_batch(split, cfg.val_batch_size, gen, device)
     return client.tensors(split, device)
 
 
-def _losses(ctx: ClientContext, keys, buffers, step_b, loss_b, val_b, second_order: bool):
-    """L_T, L_V and the look-ahead step as functions of (theta list, lambda list)."""
-    names = list(ctx.params)
+def val_schedule(client: Client, cfg, generator: torch.Generator, device) -> Iterator[Batch | None]:
+    """The validation batch of every meta step of one client's round (Alg. 1 lines 8-11).
 
+    ``"passes"``: ``meta_iters`` shuffled passes over the validation split in batches of
+    ``val_batch_size`` (the last one of a pass smaller), or the whole split once per pass
+    when ``val_batch_size = 0``. ``"steps"``: ``meta_iters`` times None (`meta_step` then
+    draws its own batch, `_val_batch`).
+    """
+    if cfg.meta_schedule == "steps":
+        yield from [None] * cfg.meta_iters
+        return
+    split = _val_split(client)
+    for _ in range(cfg.meta_iters):
+        if cfg.val_batch_size == 0:
+            yield client.tensors(split, device)
+        else:
+            yield from client.batches(split, cfg.val_batch_size, generator, shuffle=True, device=device)
+
+
+def num_meta_steps(client: Client, cfg) -> int:
+    """How many meta steps `meta_learn` takes on ``client`` (``len(list(val_schedule(...)))``)."""
+    if cfg.meta_schedule == "steps" or cfg.val_batch_size == 0:
+        return cfg.meta_iters
+    return cfg.meta_iters * math.ceil(client.num(_val_split(client)) / cfg.val_batch_size)
+
+
+def meta_losses(model: nn.Module, names: list[str], hyper: Callable, buffers: Params, val_b: Batch, *,
+                lt_mode: str, loss_b: Batch, step_b: Batch | None = None, grads: list | None = None,
+                second_order: bool = False):
+    """L_T, L_V and the step theta -> theta' as functions of (theta list, lambda list).
+
+    Args:
+        model, names: the network and its parameter names (the order of the theta list).
+        hyper: ``lambda list -> (beta, eta)`` (Eq. 4), differentiable.
+        buffers: the client's statistics after fine-tuning (copied by every loss).
+        val_b: L_V's batch.
+        lt_mode: ``"last_step"`` or ``"lookahead"`` (module docstring).
+        loss_b: the batch of L_T's cross-entropy (Eq. 9).
+        step_b: ``"lookahead"``: the batch of the extra step's gradient.
+        grads: ``"last_step"``: the last fine-tuning step's gradient (None: no step was
+            taken, then L_T does not depend on eta).
+        second_order: ``"lookahead"`` only: differentiate through the step's gradient.
+
+    Returns:
+        ``(train_loss, val_loss, step)``; theta is theta_i, the fine-tuned weights.
+    """
     def unpack(th, lm):
-        return dict(zip(names, th)), hyperparams(ctx, dict(zip(keys, lm)))
-
-    def train_loss(th, lm):
-        params, (beta, eta) = unpack(th, lm)
-        return lookahead_loss(ctx.model, params, buffers, step_b, loss_b, eta, beta, second_order=second_order)
+        return dict(zip(names, th)), hyper(lm)
 
     def val_loss(th, lm):
         params, (beta, _) = unpack(th, lm)
-        return validation_loss(ctx.model, params, buffers, val_b, beta)
+        return validation_loss(model, params, buffers, val_b, beta)
 
-    def step(th, lm):
-        params, (beta, eta) = unpack(th, lm)
-        return list(lookahead_step(ctx.model, params, buffers, step_b, eta, beta).values())
+    if lt_mode == "last_step":
+        def last(th, eta):
+            # (eta(lambda) - eta_hat) is zero in value, so theta' = theta_i, with d theta' / d eta_k = -g_k
+            g = grads if grads is not None else [torch.zeros_like(t) for t in th]
+            return [x.detach() for x in g], eta - eta.detach()
+
+        def train_loss(th, lm):
+            params, (beta, eta) = unpack(th, lm)
+            g, shift = last(th, eta)
+            return lookahead_loss(model, params, buffers, None, loss_b, shift, beta, grads=g, training=False)
+
+        def step(th, lm):
+            params, (_, eta) = unpack(th, lm)
+            g, shift = last(th, eta)
+            return list(sgd_step(params, g, shift).values())
+    else:
+        def train_loss(th, lm):
+            params, (beta, eta) = unpack(th, lm)
+            return lookahead_loss(model, params, buffers, step_b, loss_b, eta, beta, second_order=second_order)
+
+        def step(th, lm):
+            params, (beta, eta) = unpack(th, lm)
+            return list(lookahead_step(model, params, buffers, step_b, eta, beta).values())
 
     return train_loss, val_loss, step
 
 
 def meta_step(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, gen: torch.Generator,
-              where: str = "FedL2P") -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """One iteration k of Alg. 1 lines 9-10: fine-tune, then one SGD step on lambda.
+              where: str = "FedL2P", val_batch: Batch | None = None
+              ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """One meta step of Alg. 1 lines 9-10: fine-tune, then one SGD step on lambda.
 
     The hypergradient (IFT, Alg. 2; or FOMAML+) is clipped by value to ``[-clip, clip]``
     and each group of lambda steps with its own rate: ``zeta = (w_bn, w_lr, eta_tilde)``.
+    Training batches come from ``gen``: the e fine-tuning epochs, then L_T's loss batch
+    (``"lookahead"``: a step batch before it). ``val_batch`` is L_V's batch (None: drawn
+    here, ``meta_schedule="steps"``).
 
     Returns:
         The new lambda and ``{"loss": fine-tuning loss, "val_loss": L_V(theta_i, lambda)}``.
     """
     with torch.no_grad():
         beta, eta = hyperparams(ctx, lam)
-    # every iteration fine-tunes theta_g afresh ("Finetune theta_g", line 9), the client's
-    # running statistics restarting from the values of line 6
+    last_step = cfg.lt_mode == "last_step"
+    # every step fine-tunes theta_g afresh ("Finetune theta_g", line 9), the client's
+    # running statistics restarting from their values before fine-tuning
     buffers = {n: b.clone() for n, b in ctx.buffers.items()}
     theta, ft = finetune(ctx.model, ctx.params, buffers, epoch_batches(ctx.client, cfg, gen, ctx.device), eta,
-                         beta, skip_nonfinite=cfg.skip_nonfinite, where=where)
-    step_b = ctx.client.random_batch("train", cfg.batch_size, gen, ctx.device, cfg.augment)
+                         beta, skip_nonfinite=cfg.skip_nonfinite, where=where, keep_last=last_step)
+    step_b = None if last_step else ctx.client.random_batch("train", cfg.batch_size, gen, ctx.device, cfg.augment)
     loss_b = ctx.client.random_batch("train", cfg.batch_size, gen, ctx.device, cfg.augment)
-    val_b = _val_batch(ctx.client, cfg, gen, ctx.device)
+    val_b = val_batch if val_batch is not None else _val_batch(ctx.client, cfg, gen, ctx.device)
     keys = list(lam)
-    train_loss, val_loss, step = _losses(ctx, keys, buffers, step_b, loss_b, val_b, cfg.second_order)
+    last = ft.get("last")
+    train_loss, val_loss, step = meta_losses(
+        ctx.model, list(ctx.params), lambda lm: hyperparams(ctx, dict(zip(keys, lm))), buffers, val_b,
+        lt_mode=cfg.lt_mode, loss_b=loss_b, step_b=step_b, grads=last["grads"] if last else None,
+        second_order=cfg.second_order)
     th, lm = list(theta.values()), [lam[k] for k in keys]
     with torch.no_grad():
         lv = float(val_loss(th, lm))
@@ -182,11 +289,13 @@ def meta_step(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, gen: torch.
 
 
 def meta_learn(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, env, where: str = "FedL2P"):
-    """K iterations of `meta_step` (Alg. 1 lines 8-11); returns (lambda_i, mean metrics)."""
+    """Alg. 1 lines 8-11: one `meta_step` per batch of `val_schedule`; returns (lambda_i, mean metrics)."""
     lam = {k: v.detach().to(ctx.device).clone() for k, v in lam.items()}
     rows = []
-    for k in range(cfg.meta_iters):
-        lam, row = meta_step(ctx, lam, cfg, env.generator("fedl2p", ctx.client.id, env.round, k), where)
+    val_gen = env.generator("fedl2p-val", ctx.client.id, env.round)
+    for k, val_b in enumerate(val_schedule(ctx.client, cfg, val_gen, ctx.device)):
+        lam, row = meta_step(ctx, lam, cfg, env.generator("fedl2p", ctx.client.id, env.round, k), where,
+                             val_batch=val_b)
         rows.append(row)
     metrics = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
     with torch.no_grad():

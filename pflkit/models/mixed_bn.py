@@ -13,9 +13,18 @@ FedL2P sec. 4.1.2 are modes of this layer:
 * FT (BN I) = ``mode="batch"``: the incoming batch's statistics, also at test time;
 * FedL2P = ``mode="mixed"`` with beta per layer from BNNet.
 
-Before fine-tuning, `init_client_stats` sets the client's statistics from one
-forward pass of its data through the pretrained model (FedL2P Alg. 1 line 6),
-so that evaluation with beta > 0 never uses an unwarmed running estimate.
+Where the client's running statistics start before fine-tuning re-estimates them
+(`start_client_stats`, ``CLIENT_STATS_INIT``):
+
+* ``"reset"`` (the default of FedL2P and of FT (BN C)): mean 0, variance 1, as the
+  authors' code resets a BN layer's running estimates after loading the pretrained
+  model (the pretrained ones are kept aside for Eq. 2); fine-tuning then tracks them
+  with momentum 0.1 (`reset_client_stats`);
+* ``"pass"``: the exact moments of one forward pass of the client's train split through
+  the pretrained model (`init_client_stats`), an earlier pflkit reading of Alg. 1 line 6
+  that gives evaluation with beta > 0 a warm estimate even after few steps.
+
+Alg. 1 line 6's forward pass itself (the input of BNNet, Eq. 3) is made either way.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ from torch import nn
 from pflkit import kernels
 
 FT_MODES = {"client": "FT (BN C)", "global": "FT (BN G)", "batch": "FT (BN I)"}
+CLIENT_STATS_INIT = ("reset", "pass")
 
 
 class MixedBatchNorm(nn.Module):
@@ -172,3 +182,34 @@ def init_client_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> list
         layer.client_mean.copy_(mean)
         layer.client_var.copy_(var)
     return stats
+
+
+@torch.no_grad()
+def reset_client_stats(model: nn.Module) -> None:
+    """Set every mixed BN layer's client statistics to mean 0 and variance 1.
+
+    What the authors' code does before fine-tuning (their BN layer's ``reset_running_stats``
+    after the pretrained statistics are copied aside); the pretrained statistics of Eq. 2
+    are untouched.
+    """
+    for layer in mixed_bn_layers(model):
+        layer.client_mean.zero_()
+        layer.client_var.fill_(1.0)
+
+
+def start_client_stats(model: nn.Module, how: str, batches_fn) -> None:
+    """Where the client's running statistics start before fine-tuning (see the module docstring).
+
+    Args:
+        model: a model passed through `convert_bn`.
+        how: ``"reset"`` (mean 0 / variance 1, the authors' code) or ``"pass"`` (one pass
+            over the client's data, `init_client_stats`).
+        batches_fn: ``() -> iterable of input batches`` of the client's train split; only
+            called for ``"pass"``.
+    """
+    if how == "reset":
+        reset_client_stats(model)
+    elif how == "pass":
+        init_client_stats(model, batches_fn())
+    else:
+        raise ValueError(f"client_stats_init={how!r}: use one of {', '.join(CLIENT_STATS_INIT)}")

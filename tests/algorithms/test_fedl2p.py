@@ -59,12 +59,13 @@ def _constant_lambda(lam: dict, beta: float) -> dict:
     return lam
 
 
-@pytest.mark.parametrize("bn, beta", [("client", 1.0), ("global", 0.0)])
-def test_beta_one_and_zero_with_eta_lr_reproduce_ft_bn_c_and_bn_g(fed, env, pretrained, bn, beta):
-    cfg = FEDL2P.make_config({**SMALL, "epochs": 2})
+@pytest.mark.parametrize("bn, beta, stats_init", [("client", 1.0, "reset"), ("global", 0.0, "reset"),
+                                                  ("client", 1.0, "pass")])
+def test_beta_one_and_zero_with_eta_lr_reproduce_ft_bn_c_and_bn_g(fed, env, pretrained, bn, beta, stats_init):
+    cfg = FEDL2P.make_config({**SMALL, "epochs": 2, "client_stats_init": stats_init})
     state = FEDL2P.init(pretrained, fed, cfg, env)
     state["lam"] = _constant_lambda(state["lam"], beta)
-    ft_cfg = FineTuneConfig(bn=bn, epochs=2, lr=cfg.lr, batch_size=cfg.batch_size)
+    ft_cfg = FineTuneConfig(bn=bn, epochs=2, lr=cfg.lr, batch_size=cfg.batch_size, client_stats_init=stats_init)
     ft_state = FINETUNE.init(pretrained, fed, ft_cfg, env)
     for cid in (0, 2):
         ours = FEDL2P.evaluate(state, fed.clients[cid], None, cfg, env, "test")
@@ -152,6 +153,11 @@ def test_report_sparsity_counts_parameters_with_zero_learning_rate(fed, env, pre
     ({"use_bnnet": False, "use_lrnet": False}, "use_bnnet"),
     ({"meta_iters": 0}, "meta_iters"),
     ({"psi": 0.0}, "psi"),
+    ({"lt_mode": "extra_step"}, "lt_mode"),
+    ({"meta_schedule": "epochs"}, "meta_schedule"),
+    ({"client_stats_init": "zeros"}, "client_stats_init"),
+    ({"second_order": True}, "second_order"),
+    ({"val_batch_size": -1}, "val_batch_size"),
 ])
 def test_bad_config_values_name_the_key(values, key):
     with pytest.raises(ConfigError, match=key):
@@ -163,4 +169,9 @@ def test_paper_defaults():
     assert (cfg.neumann_steps, cfg.psi, cfg.zeta, cfg.clip, cfg.batch_size, cfg.lr) == \
         (3, 0.1, (1e-3, 1e-3, 1e-4), 1.0, 32, 1e-3)
     assert cfg.select == "update_val_loss" and cfg.meta_grad == "ift" and cfg.epochs == 15
+    # the authors' code: 3 passes over the validation split in batches of 32, L_T through the last
+    # fine-tuning step in evaluation mode, client BN statistics reset to 0 / 1
+    assert (cfg.meta_iters, cfg.meta_schedule, cfg.val_batch_size) == (3, "passes", 32)
+    assert (cfg.lt_mode, cfg.client_stats_init, cfg.second_order) == ("last_step", "reset", False)
+    assert FEDL2P.make_config({"lt_mode": "lookahead", "second_order": True}).second_order
     assert dc_replace(cfg, epochs=5).epochs == 5

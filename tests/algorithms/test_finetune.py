@@ -1,9 +1,13 @@
 import pytest
+import torch
 
 from pflkit.algorithms import ALGORITHMS
+from pflkit.algorithms.finetune import prepare
 from pflkit.config import ConfigError
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
+from pflkit.fl.train import client_batches
+from pflkit.models.mixed_bn import bn_input_stats, mixed_bn_layers
 from tests.helpers_data import digits_dataset, digits_env
 
 FT, FEDAVG = ALGORITHMS["finetune"], ALGORITHMS["fedavg"]
@@ -47,3 +51,31 @@ def test_fine_tuning_beats_the_global_model_under_strong_label_shift(setup):
 def test_bad_bn_mode_is_rejected_before_work():
     with pytest.raises(ConfigError, match="bn"):
         FT.make_config({"bn": "clients"})
+    with pytest.raises(ConfigError, match="client_stats_init"):
+        FT.make_config({"client_stats_init": "zeros"})
+
+
+@pytest.mark.parametrize("how", ["reset", "pass"])
+def test_ft_bn_c_client_statistics_before_fine_tuning(setup, how):
+    """Default: mean 0 / variance 1 before the first step (the authors' code); option: one pass."""
+    fed, env, pre = setup
+    client = fed.clients[1]
+    cfg = FT.make_config({"client_stats_init": how})
+    assert FT.make_config({}).client_stats_init == "reset"
+    model = prepare(pre.state["weights"], client, "client", env, cfg.client_stats_init)
+    layers = mixed_bn_layers(model)
+    assert layers
+    if how == "reset":
+        for layer in layers:
+            assert torch.equal(layer.client_mean, torch.zeros_like(layer.client_mean))
+            assert torch.equal(layer.client_var, torch.ones_like(layer.client_var))
+    else:
+        moments = bn_input_stats(model, client_batches(client, "train", device=env.device))
+        for layer, (mean, var) in zip(layers, moments):
+            torch.testing.assert_close(layer.client_mean, mean, rtol=0, atol=0)
+            torch.testing.assert_close(layer.client_var, var, rtol=0, atol=0)
+
+
+def test_the_start_of_the_statistics_changes_ft_bn_c(setup):
+    reset, passed = _ft(setup, bn="client", epochs=1), _ft(setup, bn="client", epochs=1, client_stats_init="pass")
+    assert any(reset.per_client[c]["loss"] != passed.per_client[c]["loss"] for c in reset.per_client)

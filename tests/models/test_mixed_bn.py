@@ -4,7 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflkit.models.mixed_bn import MixedBatchNorm, bn_input_stats, convert_bn, init_client_stats, set_bn_mode
+from pflkit.models.mixed_bn import (
+    MixedBatchNorm, bn_input_stats, convert_bn, init_client_stats, reset_client_stats, set_bn_mode, start_client_stats,
+)
 
 
 def _bn(c=4):
@@ -82,6 +84,28 @@ def test_client_stats_are_exact_dataset_moments():
     torch.testing.assert_close(stats[0][0], allx.mean(1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stats[0][1], allx.var(1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model[0].client_mean, allx.mean(1), rtol=1e-5, atol=1e-5)
+
+
+def test_reset_client_stats_then_fine_tuning_tracks_them_from_zero_one():
+    """The authors' start (mean 0, variance 1), then one training batch with momentum 0.1."""
+    bn = _bn(3)
+    model = convert_bn(nn.Sequential(bn))
+    data = torch.randn(6, 3, 4, 4) * 2 + 1
+    start_client_stats(model, "pass", lambda: [data])
+    assert not torch.equal(model[0].client_mean, torch.zeros(3))
+    start_client_stats(model, "reset", lambda: pytest.fail("reset must not pass over the data"))
+    assert torch.equal(model[0].client_mean, torch.zeros(3)) and torch.equal(model[0].client_var, torch.ones(3))
+    assert torch.equal(model[0].running_mean, bn.running_mean)  # the pretrained statistics stay
+    set_bn_mode(model, "client")
+    model.train()
+    model(data)
+    flat = data.transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(model[0].client_mean, 0.1 * flat.mean(1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model[0].client_var, 0.9 + 0.1 * flat.var(1), rtol=1e-5, atol=1e-6)
+    reset_client_stats(model)
+    assert torch.equal(model[0].client_var, torch.ones(3))
+    with pytest.raises(ValueError, match="client_stats_init='mean'"):
+        start_client_stats(model, "mean", lambda: [data])
 
 
 def test_errors_name_the_problem():

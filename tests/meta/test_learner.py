@@ -1,0 +1,285 @@
+"""One FedL2P client (pflkit.meta.learner): L_T through the last fine-tuning step (Eq. 9-10),
+the client's BN statistics before fine-tuning, and the meta schedule (Alg. 1 lines 8-11)."""
+import sys
+from dataclasses import replace as dc_replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers_data import digits_dataset, digits_env  # noqa: E402
+
+from pflkit.algorithms.fedl2p import FEDL2P  # noqa: E402
+from pflkit.fl.federation import Client  # noqa: E402
+from pflkit.fl.train import get_state  # noqa: E402
+from pflkit.meta import learner  # noqa: E402
+from pflkit.meta.functional import finetune, forward, model_tensors, validation_loss  # noqa: E402
+from pflkit.meta.hypergrad import fomaml_plus, ift_hypergrad  # noqa: E402
+from pflkit.meta.linear_solve import neumann  # noqa: E402
+from pflkit.models.mixed_bn import convert_bn, mixed_bn_layers, reset_client_stats  # noqa: E402
+
+D = torch.float64
+PSI, Q = 0.1, 3
+
+
+# ------------------------------------------------------------------ L_T and FOMAML+ on a tiny net
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.bn(self.fc1(x))))
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    """A fine-tuned tiny net (3 steps, per-tensor eta, beta = 0.6) with its last step kept."""
+    torch.manual_seed(0)
+    model = Tiny().double()
+    with torch.no_grad():
+        model.bn.running_mean.copy_(torch.tensor([0.3, -0.2, 0.1, 0.5]))
+        model.bn.running_var.copy_(torch.tensor([0.8, 1.5, 0.6, 1.2]))
+    convert_bn(model)
+    reset_client_stats(model)
+    g = torch.Generator().manual_seed(1)
+    x, xv = torch.randn(32, 3, generator=g, dtype=D) + 0.4, torch.randn(12, 3, generator=g, dtype=D) + 0.4
+    w = torch.randn(3, 3, generator=g, dtype=D)
+    y, yv = (x @ w).argmax(1), (xv @ w).argmax(1)
+    params, buffers = model_tensors(model)
+    names = list(params)
+    eta = torch.linspace(0.2, 0.9, len(names), dtype=D)
+    beta = torch.tensor([0.6], dtype=D)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in (0, 8, 16)]
+    theta, stats = finetune(model, params, buffers, batches, eta, beta, keep_last=True)
+    return dict(model=model, names=names, buffers=buffers, theta=theta, last=stats["last"], eta=eta, beta=beta,
+                batches=batches, loss_b=(x[24:], y[24:]), val_b=(xv, yv), fresh_b=(x[:8] * 1.3 - 0.2, y[:8]))
+
+
+def _flat(ts):
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+def _unflat(v, like):
+    out, j = [], 0
+    for t in like:
+        out.append(v[j:j + t.numel()].reshape(t.shape))
+        j += t.numel()
+    return out
+
+
+def _losses(t, lt_mode):
+    return learner.meta_losses(t["model"], t["names"], lambda lm: (lm[0], lm[1]), t["buffers"], t["val_b"],
+                               lt_mode=lt_mode, loss_b=t["loss_b"], step_b=t["fresh_b"], grads=t["last"]["grads"])
+
+
+def _val_grads(t, theta):
+    """d L_V / d theta and d L_V / d beta at (theta, beta) (L_V in evaluation mode)."""
+    th = [p.detach().clone().requires_grad_(True) for p in theta]
+    beta = t["beta"].clone().requires_grad_(True)
+    lv = validation_loss(t["model"], dict(zip(t["names"], th)), t["buffers"], t["val_b"], beta)
+    *v, d_beta = torch.autograd.grad(lv, th + [beta])
+    return v, d_beta
+
+
+def test_last_step_is_kept_and_reproduces_the_fine_tuned_weights(tuned):
+    last, eta = tuned["last"], tuned["eta"]
+    assert all(torch.equal(a, b) for a, b in zip(last["batch"], tuned["batches"][-1]))
+    # theta_i = theta_{N-1} - eta * g with the very op of `finetune`
+    for (n, p), g, e in zip(last["params"].items(), last["grads"], eta.tolist()):
+        assert torch.equal(torch.add(p, g, alpha=-e), tuned["theta"][n])
+
+
+def test_ift_hypergradient_is_the_last_step_definition_in_eval_mode(tuned):
+    """Alg. 2 (Q = 3, psi = 0.1) against a dense computation of the authors' L_T.
+
+    L_T = CE in evaluation mode on the loss batch at theta' = theta_{N-1} - eta g (g the last
+    fine-tuning step's gradient), so at theta_i: H = d^2 CE_eval, d_beta d_theta L_T explicit, and
+    d_eta_k d_theta L_T = -H g_k. Hence, with p = sum_j (I - psi H)^j v, v = d L_V / d theta:
+    beta: d_beta L_V - p^T d_beta d_theta CE_eval;  eta_k: (H p)_k . g_k.
+    """
+    t = tuned
+    theta = [t["theta"][n] for n in t["names"]]
+    train_loss, val_loss, _ = _losses(t, "last_step")
+    got_beta, got_eta = ift_hypergrad(train_loss, val_loss, theta, [t["beta"], t["eta"]],
+                                      solve=lambda mv, b: neumann(mv, b, steps=Q, psi=PSI, scaled=False))
+
+    def ce(flat, beta, training=False):
+        params = dict(zip(t["names"], _unflat(flat, theta)))
+        if training:
+            bufs = {k: b.clone() for k, b in t["buffers"].items()}
+            out = forward(t["model"], params, bufs, t["loss_b"][0], beta=beta, training=True)
+            return torch.nn.functional.cross_entropy(out, t["loss_b"][1])
+        return validation_loss(t["model"], params, t["buffers"], t["loss_b"], beta)
+
+    def expected(training):
+        flat0 = _flat(theta).detach()
+        hess = torch.autograd.functional.hessian(lambda f: ce(f, t["beta"], training), flat0)
+        mixed = torch.autograd.functional.jacobian(lambda b: _grad_theta(ce, flat0, b, training), t["beta"])
+        v, d_beta = _val_grads(t, theta)
+        v = _flat(v)
+        p, term = v.clone(), v.clone()
+        for _ in range(Q):
+            term = term - PSI * hess @ term
+            p = p + term
+        hp = _unflat(hess @ p, theta)
+        eta_k = torch.stack([(a * g).sum() for a, g in zip(hp, t["last"]["grads"])])
+        return d_beta - mixed.T @ p, eta_k
+
+    want_beta, want_eta = expected(training=False)
+    torch.testing.assert_close(got_eta, want_eta, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(got_beta, want_beta, rtol=1e-9, atol=1e-12)
+    assert want_eta.abs().min() > 1e-6 and want_beta.abs().min() > 1e-6  # the comparison is informative
+    # the BN mode matters: the same computation in training mode gives another beta gradient
+    assert not torch.allclose(got_beta, expected(training=True)[0], rtol=1e-3)
+
+
+def _grad_theta(ce, flat0, beta, training):
+    f = flat0.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(ce(f, beta, training), f, create_graph=True)
+    return g
+
+
+def test_the_earlier_lookahead_loss_gives_another_eta_hypergradient(tuned):
+    t = tuned
+    theta = [t["theta"][n] for n in t["names"]]
+    solve = lambda mv, b: neumann(mv, b, steps=Q, psi=PSI, scaled=False)  # noqa: E731
+    new = ift_hypergrad(*_losses(t, "last_step")[:2], theta, [t["beta"], t["eta"]], solve=solve)
+    old = ift_hypergrad(*_losses(t, "lookahead")[:2], theta, [t["beta"], t["eta"]], solve=solve)
+    assert not torch.allclose(new[1], old[1], rtol=1e-2)
+
+
+def test_fomaml_plus_differentiates_through_the_last_fine_tuning_step(tuned):
+    """FOMAML+ (App. F): d/d lambda L_V(theta_{N-1} - eta g, beta): beta directly, eta_k = -v_k . g_k."""
+    t = tuned
+    theta = [t["theta"][n] for n in t["names"]]
+    _, val_loss, step = _losses(t, "last_step")
+    got_beta, got_eta = fomaml_plus(val_loss, step, theta, [t["beta"], t["eta"]])
+    v, d_beta = _val_grads(t, theta)
+    want_eta = torch.stack([-(a * g).sum() for a, g in zip(v, t["last"]["grads"])])
+    torch.testing.assert_close(got_eta, want_eta, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(got_beta, d_beta, rtol=1e-10, atol=1e-14)
+    # and by central differences of L_V after the last step taken with eta + h e_k
+    start, grads = list(t["last"]["params"].values()), t["last"]["grads"]
+    h = 1e-6
+    for k in (0, len(theta) - 1):
+        vals = []
+        for s in (h, -h):
+            th = [p - (e + (s if j == k else 0.0)) * g for j, (p, g, e) in enumerate(zip(start, grads, t["eta"]))]
+            vals.append(float(val_loss(th, [t["beta"], t["eta"]])))
+        assert float(got_eta[k]) == pytest.approx((vals[0] - vals[1]) / (2 * h), rel=1e-6)
+
+
+# ------------------------------------------------------------------ a real client
+
+SMALL = {"rounds": 1, "fraction": 0.5, "epochs": 1, "meta_iters": 1, "lr": 0.05}
+
+
+def _client(n_train=100, n_val=70):
+    ds = digits_dataset(400)
+    splits = {"train": np.arange(n_train), "val": np.arange(n_train, n_train + n_val),
+              "test": np.arange(300, 330)}
+    return Client(0, ds.x_train, ds.y_train, splits, ds.meta)
+
+
+@pytest.fixture
+def env():
+    return digits_env(seed=3)
+
+
+@pytest.fixture
+def weights(env):
+    env.seed_torch("pretrained")
+    return get_state(env.model_fn())
+
+
+@pytest.mark.parametrize("how", ["reset", "pass"])
+def test_client_statistics_before_fine_tuning(env, weights, how):
+    cfg = FEDL2P.make_config({**SMALL, "client_stats_init": how})
+    ctx = learner.prepare_client(weights, _client(), cfg, env)
+    layers = mixed_bn_layers(ctx.model)
+    names = {id(m): n for n, m in ctx.model.named_modules()}
+    assert layers and len(ctx.stats.bn_stats) == len(layers)
+    for layer, (mean, var) in zip(layers, ctx.stats.bn_stats):
+        pre = names[id(layer)]
+        got_mean, got_var = ctx.buffers[f"{pre}.client_mean"], ctx.buffers[f"{pre}.client_var"]
+        if how == "reset":  # the authors' code: mean 0, variance 1, exactly
+            assert torch.equal(got_mean, torch.zeros_like(got_mean)) and torch.equal(got_var, torch.ones_like(got_var))
+            assert torch.equal(layer.client_mean, got_mean) and torch.equal(layer.client_var, got_var)
+        else:  # the earlier reading: the moments of the pass over the train split
+            assert torch.equal(got_mean, mean) and torch.equal(got_var, var)
+            assert not torch.equal(got_mean, torch.zeros_like(got_mean))
+        assert torch.equal(ctx.buffers[f"{pre}.running_mean"], weights[f"{pre}.running_mean"])
+
+
+def test_bnnet_input_comes_from_the_pass_in_both_modes(env, weights):
+    xi = [learner.prepare_client(weights, _client(), FEDL2P.make_config({**SMALL, "client_stats_init": h}), env)
+          .stats.xi for h in ("reset", "pass")]
+    assert torch.equal(xi[0], xi[1]) and (xi[0] > 0).all()
+
+
+@pytest.mark.parametrize("lt_mode, extra", [("last_step", 1), ("lookahead", 2)])
+def test_batches_drawn_by_a_meta_step(env, weights, lt_mode, extra):
+    """The default L_T takes no extra step: beyond the e epochs only its loss batch is drawn."""
+    cfg = FEDL2P.make_config({**SMALL, "epochs": 2, "lt_mode": lt_mode})
+    client = dc_replace(_client())
+    calls = {"epochs": 0, "random": []}
+    batches, random_batch = client.batches, client.random_batch
+
+    def count_batches(split, *a, **k):
+        calls["epochs"] += split == "train"
+        return batches(split, *a, **k)
+
+    def count_random(split, *a, **k):
+        calls["random"].append(split)
+        return random_batch(split, *a, **k)
+
+    client.batches, client.random_batch = count_batches, count_random
+    ctx = learner.prepare_client(weights, client, cfg, env)
+    lam = FEDL2P.init(env.model_fn(), None, cfg, env)["lam"]
+    val_b = client.tensors("val")
+    calls["epochs"] = 0  # (the statistics passes of prepare_client)
+    new, row = learner.meta_step(ctx, lam, cfg, torch.Generator().manual_seed(0), val_batch=val_b)
+    assert calls["epochs"] == 2 and calls["random"] == ["train"] * extra
+    assert any(not torch.equal(new[k], lam[k]) for k in lam) and np.isfinite(row["val_loss"])
+
+
+def test_meta_schedule_passes_over_the_validation_split(env, weights, monkeypatch):
+    """|V| = 70, 3 passes in batches of 32: 3 * ceil(70 / 32) = 9 meta steps of 32, 32, 6 samples."""
+    client = _client(n_val=70)
+    cfg = FEDL2P.make_config({**SMALL, "meta_iters": 3})
+    assert (cfg.meta_schedule, cfg.val_batch_size) == ("passes", 32)
+    sizes, seen = [], []
+    for xb, yb in learner.val_schedule(client, cfg, torch.Generator().manual_seed(0), None):
+        sizes.append(len(yb))
+        seen.append(xb.reshape(len(yb), -1))
+    assert sizes == [32, 32, 6] * 3 and learner.num_meta_steps(client, cfg) == 9
+    full = client.tensors("val")[0].reshape(70, -1)
+    for k in range(3):  # every pass is a permutation of the validation split
+        rows = torch.cat(seen[3 * k:3 * k + 3])
+        assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, full.tolist()))
+    assert not torch.equal(torch.cat(seen[:3]), full)  # shuffled
+
+    got = []
+
+    def fake_step(ctx, lam, cfg, gen, where="FedL2P", val_batch=None):
+        got.append(None if val_batch is None else len(val_batch[1]))
+        return lam, {"loss": 0.0, "val_loss": 0.0}
+
+    monkeypatch.setattr(learner, "meta_step", fake_step)
+    ctx = learner.prepare_client(weights, client, cfg, env)
+    lam = FEDL2P.init(env.model_fn(), None, cfg, env)["lam"]
+    learner.meta_learn(ctx, lam, cfg, env)
+    assert got == [32, 32, 6] * 3
+    got.clear()
+    steps = FEDL2P.make_config({**SMALL, "meta_iters": 3, "meta_schedule": "steps", "val_batch_size": 0})
+    learner.meta_learn(ctx, lam, steps, env)
+    assert got == [None] * 3 and learner.num_meta_steps(client, steps) == 3
+    whole = FEDL2P.make_config({**SMALL, "meta_iters": 2, "val_batch_size": 0})
+    got.clear()
+    learner.meta_learn(ctx, lam, whole, env)
+    assert got == [70, 70]
