@@ -107,10 +107,11 @@ print(f"{cfg.name} on {data_label} | partition {cfg.data.scheme} | preset {prese
 
 # %% [markdown]
 # ## 1. Concept drift on images: the same label, different looks
-# `concept_drift` draws, for every client, one random character (subclass) per alphabet (superclass),
-# gives each character's samples to the clients that drew it, and trims every client to the same count
-# per alphabet. Each row below is a client, each column a label: look down a column to see one label
-# drawn with a different character on every client.
+# `concept_drift` follows the authors' split: clients come in groups of 5 that hold distinct characters
+# (subclasses) of every alphabet (superclass), and each group takes one random count per alphabet, so
+# every client holds the same number of samples of every label and client sizes vary. Each row below
+# is a client, each column a label: look down a column to see one label drawn with a different
+# character on every client.
 
 # %%
 d = cfg.data
@@ -133,7 +134,7 @@ plt.show()
 
 # %% [markdown]
 # The label marginals are equal (every client holds the same number of samples of every label before
-# the train / val / test holdout), the conditionals differ (different subclasses):
+# the train / test holdout), the conditionals differ (different subclasses):
 
 # %%
 everything = [np.concatenate([c.splits[s] for s in ("train", "val", "test")]) for c in fed.clients]
@@ -141,8 +142,11 @@ marginals = np.stack([np.bincount(fed.y[i].numpy(), minlength=fed.num_classes) /
 print("P_j(y) equal on every client:", np.allclose(marginals, marginals[0]))
 if d.scheme == "concept_drift":
     fine = torch.cat([dataset.y_train, dataset.y_test]).numpy()
-    choices = concept_drift_choices(fine, d.num_clients, superclass=np.asarray(dataset.meta.superclass), seed=seed)
+    choices = concept_drift_choices(fine, d.num_clients, superclass=np.asarray(dataset.meta.superclass), seed=seed,
+                                    **d.partition)
     print("clients with distinct subclasses:", len(np.unique(choices, axis=0)), "of", d.num_clients)
+    sizes = [c.num("train") for c in fed.clients]
+    print(f"train samples per client: mean {np.mean(sizes):.1f}, min {min(sizes)}, max {max(sizes)}")
     display(pd.DataFrame(np.asarray(dataset.meta.class_names)[choices[:show]], columns=labels,
                          index=[f"client {i}" for i in range(show)]))
 else:  # the stand-in has no subclasses to draw from: its clients differ in P_j(y) (label shift) instead
@@ -161,7 +165,8 @@ else:  # the stand-in has no subclasses to draw from: its clients differ in P_j(
 # So the server trusts clients that are **sure** (much data) and **typical** (close to w) more, and a
 # small or unusual client pulls w less; on the client side, the same rho_j^2 sets the strength of the
 # pull toward w (a client far from the consensus gets a weaker prior and personalizes more).
-# Every client updates its q_j each round (the server broadcasts to all), but only about 10% report.
+# Every client updates its q_j each round (the server broadcasts to all), but only about 10% report;
+# every other method of the table runs under the same protocol (`participation = "broadcast"`).
 # Predictions use each client's posterior mean head: for a linear head it is the mean logit, and it is
 # deterministic (`predict = "mc"` averages the softmax over heads drawn from q_j instead).
 
@@ -195,18 +200,18 @@ plt.show()
 
 # %% [markdown]
 # Reading the plot: which term of rho_j^2 wins depends on how much a client's data can say about its
-# D head entries. In our `cpu` run (10-36 training images per client for D = 8 x 128 + 8 = 1032 head
-# entries) the data barely narrow q_j, so Tr Sigma_j / D stays near its start (init_scale^2) on every
-# client, and the distance term decides: clients with more images move their head further from w,
-# get a larger rho_j^2 and a slightly smaller weight (all weights stay within a few percent of equal).
-# The EM learns little client-specific trust from so few samples; the paper's clients hold 250-1000
-# images for D = 20 x 100 + 20 = 2020, where the uncertainty term shrinks with n_j as well.
+# D head entries. Our Omniglot clients hold tens of training images (printed above) for
+# D = 8 x 128 + 8 = 1032 head entries, so the data barely narrow q_j: Tr Sigma_j / D stays near its
+# start (init_scale^2) and the distance term decides (clients with more images move their head further
+# from w and get a larger rho_j^2). The EM learns little client-specific trust from so few samples;
+# the paper's clients hold 250-1000 images for D = 20 x 100 + 20 = 2020, where the uncertainty term
+# shrinks with n_j as well.
 
 # %% [markdown]
 # ## 3. Table 1
 # Every method of the experiment on the same clients, each seed with its own federation (the partition
 # is seeded); personalized accuracy = mean over clients of each client's test accuracy; mean and
-# standard error over seeds, as in the paper. With `results_json` (the `results.json` of
+# standard error over seeds (SEM, as in the paper), with the standard deviation (SD) beside it. With `results_json` (the `results.json` of
 # `pflkit run EXPERIMENT --preset PRESET`) the table is read from that run instead of trained here.
 # Offline we run the Omniglot stand-in; the paper's CIFAR-100 / SUN397 numbers follow for reference
 # (the `pfedvem_table1_*` experiments reproduce them where those datasets are available).
@@ -228,9 +233,10 @@ else:
     per_seed = pd.DataFrame({lab: {s: 100 * r.summary["acc"] for (l2, s), r in runs.items() if l2 == lab}
                              for lab in dict.fromkeys(lab for lab, _ in runs)}).T
 n_seeds = per_seed.shape[1]
+sd = per_seed.std(axis=1, ddof=1) if n_seeds > 1 else np.nan  # spread of one seed's result
 table = pd.DataFrame({"ours (%)": per_seed.mean(axis=1),
-                      "SEM": per_seed.std(axis=1, ddof=1) / np.sqrt(n_seeds) if n_seeds > 1 else np.nan,
-                      "seeds": n_seeds})
+                      "SEM": sd / np.sqrt(n_seeds),  # standard error of the mean: what the paper reports
+                      "SD": sd, "seeds": n_seeds})
 table.to_csv(session.out / "table1_ours.csv")
 print(f"{cfg.name} on {data_label}, preset {preset}: personalized accuracy (%)")
 table.round(2)

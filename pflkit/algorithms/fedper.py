@@ -13,12 +13,18 @@ A client's first download also carries the starting values of its personal part
 (it has nothing of its own yet); the server remembers who has been served
 (``state["served"]``), so the bytes in the history are what really travels.
 Clients never sampled are evaluated with those starting values.
+
+Participation (``participation``, `pflkit.algorithms.fedavg`): ``"sampled"`` (default)
+trains only the clients the loop samples; ``"broadcast"`` (pFedVEM sec. 3.1, after
+pFedMe) trains every client every round (each keeps its newly trained head) while only
+the reporters' bases are averaged.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
 from pflkit.config import require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
@@ -30,13 +36,17 @@ def _under(name: str, prefixes) -> bool:
 
 @dataclass(frozen=True)
 class FedPerConfig(FLConfig):
-    """Attributes: personal = module-name prefixes kept on the client (default: the head)."""
+    """Attributes: personal = module-name prefixes kept on the client (default: the head);
+    participation, report_fraction: the protocol (`pflkit.algorithms.fedavg`; default ``"sampled"``)."""
 
     personal: tuple[str, ...] = ("head",)
+    participation: str = "sampled"
+    report_fraction: float = 0.1
 
     def __post_init__(self):
         super().__post_init__()
         require(len(self.personal) > 0, "personal", self.personal, "name at least one personal module")
+        check_participation(self)
 
     def is_personal(self, name: str) -> bool:
         return _under(name, self.personal)
@@ -54,12 +64,13 @@ def split_state(state: dict, cfg) -> tuple[dict, dict]:
 
 def init(model, fed, cfg, env) -> dict:
     shared, personal = split_state(get_state(model), cfg)
-    return {"weights": shared, "init_personal": personal, "served": []}
+    return {"weights": shared, "init_personal": personal, "served": [], **roster(fed, cfg)}
 
 
 def broadcast(state, client_id, cfg, env):
     first = client_id not in state["served"]
-    return {"shared": state["weights"], "personal": state["init_personal"] if first else None}
+    msg = {"shared": state["weights"], "personal": state["init_personal"] if first else None}
+    return flag(msg, state, client_id, cfg, env)
 
 
 def _model(shared, personal, env):
@@ -67,6 +78,7 @@ def _model(shared, personal, env):
 
 
 def client_update(msg, client, client_state, cfg, env):
+    msg, report = unflag(msg, cfg)
     personal = client_state if client_state is not None else msg["personal"]
     if personal is None:
         raise ValueError(f"client {client.id} holds no personal layers and received none")
@@ -76,12 +88,17 @@ def client_update(msg, client, client_state, cfg, env):
                       steps=cfg.local_steps, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                       max_grad_norm=cfg.max_grad_norm, device=env.device, where=f"client {client.id}")
     shared, personal = split_state(get_state(model), cfg)
-    return Update(client.id, client.num("train"), shared, {"loss": stats["loss"]}), personal
+    metrics = {"loss": stats["loss"], **report_metrics(cfg, report)}
+    return Update(client.id, client.num("train"), shared if report else None, metrics), personal
 
 
 def aggregate(state, updates, cfg, env):
-    weights = weighted_mean([u.payload for u in updates], [u.num_samples for u in updates])
+    """Sample-weighted mean of the reported bases; every client that got the broadcast has been served."""
     served = sorted(set(state["served"]) | {u.client_id for u in updates})
+    got = reported(updates)
+    if not got:
+        return {**state, "served": served}
+    weights = weighted_mean([u.payload for u in got], [u.num_samples for u in got])
     return {**state, "weights": weights, "served": served}
 
 

@@ -18,6 +18,14 @@ every client every round, so each theta_i comes from the latest global model;
 ``eval_mode="fresh"`` (default) reproduces that by running the same client
 procedure from the current global model at evaluation time (deterministic per
 client), ``"last"`` reuses the theta_i a client kept from its last round.
+
+Participation (``participation``, `pflkit.algorithms.fedavg`): ``"sampled"`` (default)
+trains only the clients the loop samples; ``"broadcast"`` is pFedMe's own protocol
+(Alg. 1: every client computes theta_i and w_i from the broadcast w each round, a
+subset S^t sends w_i back), with each client reporting with probability
+``report_fraction``. With ``eval_mode="last"`` every client then keeps the theta_i of
+the latest round, which is what pFedMe's code evaluates; with ``"fresh"`` a
+non-reporting client's work leaves nothing behind, so it is skipped.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
 from pflkit.config import one_of, positive, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, set_state
@@ -36,7 +45,7 @@ from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, s
 class PFedMeConfig(FLConfig):
     """Attributes: lam (15 in pFedMe), personal_lr (inner rate), inner_steps K = 3,
     local_steps R = 20, lr (rate of the local-model update), beta (server mixing, 1 = FedAvg-like),
-    eval_mode ("fresh" or "last")."""
+    eval_mode ("fresh" or "last"), participation / report_fraction (the protocol, default "sampled")."""
 
     lr: float = 0.01
     local_steps: int = 20
@@ -45,6 +54,8 @@ class PFedMeConfig(FLConfig):
     inner_steps: int = 3
     beta: float = 1.0
     eval_mode: str = "fresh"
+    participation: str = "sampled"
+    report_fraction: float = 0.1
 
     def __post_init__(self):
         super().__post_init__()
@@ -54,14 +65,15 @@ class PFedMeConfig(FLConfig):
         require(self.local_steps >= 1, "local_steps", self.local_steps, "pFedMe counts local rounds R >= 1")
         positive("beta", self.beta)
         one_of("eval_mode", self.eval_mode, {"fresh", "last"})
+        check_participation(self)
 
 
 def init(model, fed, cfg, env) -> dict:
-    return {"weights": get_state(model)}
+    return {"weights": get_state(model), **roster(fed, cfg)}
 
 
 def broadcast(state, client_id, cfg, env):
-    return state["weights"]
+    return flag(state["weights"], state, client_id, cfg, env)
 
 
 def _prox(theta_params, w_params):
@@ -100,13 +112,21 @@ def personalize(weights: dict, client, cfg, env, generator: torch.Generator, lr:
 
 
 def client_update(msg, client, client_state, cfg, env):
+    msg, report = unflag(msg, cfg)
+    if not report and cfg.eval_mode == "fresh":  # nothing it would compute is kept or sent
+        return Update(client.id, 0, None, report_metrics(cfg, False)), client_state
     theta, local, loss = personalize(msg, client, cfg, env, env.generator("client", client.id, env.round),
                                      cfg.lr_at(env.round))
     keep = theta if cfg.eval_mode == "last" else None
-    return Update(client.id, client.num("train"), local, {"loss": loss}), keep
+    metrics = {"loss": loss, **report_metrics(cfg, report)}
+    return Update(client.id, client.num("train"), local if report else None, metrics), keep
 
 
 def aggregate(state, updates, cfg, env):
+    """w <- (1 - beta) w + beta * (sample-weighted mean of the reported w_i); none reported: unchanged."""
+    updates = reported(updates)
+    if not updates:
+        return state
     mean = weighted_mean([u.payload for u in updates], [u.num_samples for u in updates])
     if cfg.beta == 1.0:
         return {**state, "weights": mean}

@@ -22,14 +22,16 @@ Scale: the client objectives are divided by the client's sample count n_j (mean
 cross-entropy + KL / n_j), which leaves the maximizer of Eq. 5 unchanged (the authors'
 code sums the loss and uses a fixed learning rate; our head step adapts to the curvature).
 
-Protocol (sec. 3.1, after pFedMe): the server broadcasts to **all** clients every
-round and every client updates its ``q_j`` (Alg. 1 lines 2-5), but each reports only
-with probability ``report_fraction`` (0.1). Run it with the loop's ``fraction = 1``
-(every client gets the broadcast) and let this module draw the reporters: a
-non-reporting client updates only its head (its base update would be overwritten
-by the next broadcast, so it is skipped) and sends nothing. ``report_fraction = 0``
-instead lets the loop's own sampling (e.g. ``sampling = "bernoulli"``, ``fraction =
-0.1``) decide: then only sampled clients train, as in FedPer.
+Protocol (sec. 3.1, after pFedMe; ``participation``, shared with the other methods of the
+tables in `pflkit.algorithms.fedavg`): ``"broadcast"`` (default) is Alg. 1 lines 2-8. The
+server broadcasts to **all** clients every round (run with the loop's ``fraction = 1``) and
+every client updates its ``q_j``, but each reports only with probability
+``report_fraction`` (0.1), drawn as the loop's Bernoulli sampling would draw it. A
+non-reporting client updates only its head (its base update would be overwritten by the
+next broadcast and is not used in evaluation, so it is skipped) and sends nothing.
+``"sampled"`` lets the loop's own sampling (e.g. ``sampling = "bernoulli"``, ``fraction =
+0.1``) decide: then only sampled clients train, and all of them report. ``report_fraction
+= 0`` is the earlier spelling of ``"sampled"`` and still means it.
 
 Prediction uses the posterior mean head by default (``predict = "mean"``): for a
 linear head it gives the mean of the logit distribution, it is deterministic, and it
@@ -45,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
 from pflkit.config import one_of, positive, require
 from pflkit.fl.aggregate import precision_weighted_mean, weighted_mean
 from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, set_state
@@ -147,9 +150,10 @@ class PFedVEMConfig(FLConfig):
     """pFedVEM settings (defaults: the authors' public code, scaled per sample).
 
     Attributes:
-        fraction, sampling: the loop's sampling; 1.0 = broadcast to every client (paper).
-        report_fraction: probability that a client reports (0.1, sec. 3.1); 0 = every
-            client the loop samples reports (and only those train).
+        participation: ``"broadcast"`` (sec. 3.1, Alg. 1; default) or ``"sampled"`` (module docstring).
+        fraction, sampling: the loop's sampling; ``"broadcast"`` needs fraction 1 (every client).
+        report_fraction: probability that a client reports under ``"broadcast"`` (0.1, sec. 3.1);
+            0 = ``participation="sampled"`` (the earlier spelling).
         lr, momentum, local_epochs, batch_size: the base network's local SGD.
         head_step, head_momentum, head_steps: full-batch momentum-SGD steps on the head's
             variational parameters with the base frozen (the authors' head_epochs = 20);
@@ -163,6 +167,7 @@ class PFedVEMConfig(FLConfig):
         eval_mc: samples for ``predict = "mc"``.
     """
 
+    participation: str = "broadcast"
     fraction: float = 1.0
     report_fraction: float = 0.1
     lr: float = 0.01
@@ -179,8 +184,9 @@ class PFedVEMConfig(FLConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        require(0 <= self.report_fraction <= 1, "report_fraction", self.report_fraction,
-                "must be in [0, 1] (0: the loop's sampling decides who reports)")
+        if self.report_fraction == 0:  # the earlier spelling of "the loop's sampling decides"
+            object.__setattr__(self, "participation", "sampled")
+        check_participation(self)
         require(0 < self.head_step <= 3, "head_step", self.head_step, "must be in (0, 3] (a fraction of 1 / L)")
         require(0 <= self.head_momentum < 1, "head_momentum", self.head_momentum, "must be in [0, 1)")
         require(isinstance(self.head_steps, int) and self.head_steps >= 0, "head_steps", self.head_steps,
@@ -216,11 +222,12 @@ def init(model, fed, cfg, env) -> dict:
     keys = head_param_names(model)
     state = get_state(model)
     w = torch.cat([state[k].flatten() for k in keys])  # weight rows, then bias
-    return {"base": {k: v for k, v in state.items() if k not in keys}, "w": w}
+    return {"base": {k: v for k, v in state.items() if k not in keys}, "w": w, **roster(fed, cfg)}
 
 
 def broadcast(state, client_id, cfg, env):
-    return {"base": state["base"], "w": state["w"]}
+    """Alg. 1 line 2: w (and the shared base) to the client; under "broadcast" also whether it reports."""
+    return flag({"base": state["base"], "w": state["w"]}, state, client_id, cfg, env)
 
 
 def _load(env, base: dict, head: torch.Tensor):
@@ -239,13 +246,6 @@ def _features(model, client, device) -> tuple[torch.Tensor, torch.Tensor]:
         zs.append(model.features(xb))
         ys.append(yb)
     return torch.cat(zs), torch.cat(ys)
-
-
-def _reports(client, cfg, env) -> bool:
-    if cfg.report_fraction == 0:
-        return True  # the loop's sampling already chose this client
-    draw = torch.rand(1, generator=env.generator("report", client.id, env.round), device="cpu")  # host-side coin
-    return bool(draw < cfg.report_fraction)
 
 
 def head_lipschitz(z: torch.Tensor) -> float:
@@ -311,6 +311,7 @@ def _base_of(model, env) -> dict:
 
 def vem_client_update(msg, client, client_state, cfg, env):
     """Alg. 1 lines 3-7 on client j: rho_j^2, E-step on q_j, base update, report (mu_j, rho_j^2)."""
+    msg, report = unflag(msg, cfg)
     w = msg["w"].to(env.device)
     if client_state is None:  # a new client's q_j starts at the global head
         client_state = {"mu": w.clone(), "raw": softplus_inverse(cfg.init_scale, w.device).expand_as(w).clone()}
@@ -331,8 +332,8 @@ def vem_client_update(msg, client, client_state, cfg, env):
     mu, sigma = mu.detach(), F.softplus(raw.detach())
     rho2 = rho_squared(mu, sigma, w)  # Alg. 1 line 4 with q_j^{t+1}: what the server weighs
     new_state = {"mu": mu, "raw": raw.detach(), "rho2": rho2}
-    metrics = {"loss": loss, "rho2": rho2, "sigma": float(sigma.mean())}
-    if not _reports(client, cfg, env):
+    metrics = {"loss": loss, "rho2": rho2, "sigma": float(sigma.mean()), **report_metrics(cfg, report)}
+    if not report:
         return Update(client.id, client.num("train"), None, metrics), new_state
     bgen = env.generator("base-heads", client.id, env.round)
     _train_base(model, client, lambda: sample_heads(mu, sigma, cfg.n_mc, bgen), cfg, env)
@@ -343,6 +344,7 @@ def vem_client_update(msg, client, client_state, cfg, env):
 
 def map_client_update(msg, client, client_state, cfg, env):
     """pFedMAP on client j: proximal head step toward w (fixed rho), base update, report theta_j."""
+    msg, report = unflag(msg, cfg)
     w = msg["w"].to(env.device)
     theta = (w if client_state is None else client_state["mu"].to(env.device)).clone().requires_grad_(True)
     model = _load(env, msg["base"], w)
@@ -351,8 +353,8 @@ def map_client_update(msg, client, client_state, cfg, env):
     groups = [{"params": [theta], "L": head_lipschitz(z) + 1.0 / (rho2 * n)}]
     loss = _fit_head(groups, lambda: map_loss(z, y, theta, w, rho2, C) / n, cfg)
     theta = theta.detach()
-    metrics = {"loss": loss, "dist2": float(((theta - w) ** 2).sum())}
-    if not _reports(client, cfg, env):
+    metrics = {"loss": loss, "dist2": float(((theta - w) ** 2).sum()), **report_metrics(cfg, report)}
+    if not report:
         return Update(client.id, client.num("train"), None, metrics), {"mu": theta}
     _train_base(model, client, lambda: theta.unsqueeze(0), cfg, env)
     payload = {"base": _base_of(model, env), "mu": theta, "rho2": torch.tensor(rho2, device="cpu")}
@@ -361,7 +363,7 @@ def map_client_update(msg, client, client_state, cfg, env):
 
 def aggregate(state, updates, cfg, env) -> dict:
     """Base: sample-weighted mean; head: Eq. 7 over the clients that reported (none: unchanged)."""
-    got = [u for u in updates if u.payload is not None]
+    got = reported(updates)
     if not got:
         return state
     base = weighted_mean([u.payload["base"] for u in got], [u.num_samples for u in got])
