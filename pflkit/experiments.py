@@ -13,6 +13,15 @@ paths: ``data.num_clients``, ``data.partition.alpha``, ``model.options.width``,
 ``pretrain.rounds``, ``methods."FT (BN C)".epochs`` or ``methods.*.epochs``
 (every method that has the field), ``seed``, ``seeds``.
 
+The ``[pretrain]`` stage may bring its own data and weights (`PretrainStage`):
+``[pretrain.data]`` (the fields of ``[data]`` plus ``source_split``) builds the
+stage's own federation, e.g. FedL2P's CIFAR-10-C clients fine-tune the model
+pretrained on clean CIFAR-10 (sec. 4.3, App. D); ``new_head = true`` re-initializes
+the classifier head when the trained weights are carried to the experiment's model
+(App. D: "a new head"); ``algorithm = "none"`` trains nothing, so the stage is only
+a source of weights (the model as built, e.g. ``model.options.pretrained = true``
+for torchvision's ImageNet ResNet-18, or the file ``weights``).
+
 `resolve` turns file + preset + overrides into a frozen `ExperimentConfig`,
 checking every key and value before any data is loaded.
 """
@@ -125,6 +134,41 @@ def _dry_run_partition(scheme, num_clients: int, options: dict) -> None:
                 raise ConfigError(f"data.partition.{key}={value!r}: {e}") from None
 
 
+SOURCE_SPLITS = ("all", "train", "test")
+
+
+@dataclass(frozen=True)
+class PretrainDataConfig(DataConfig):
+    """``[pretrain.data]``: the pretraining stage's own federation.
+
+    The fields of `DataConfig` (checked by the same rules, errors name ``pretrain.data.KEY``)
+    plus ``source_split``: which of the dataset's own splits the federation is made of,
+    ``"all"`` (train and test pooled, as ``[data]``), ``"train"`` or ``"test"``. FedL2P's
+    CIFAR-10-C clients are made of the CIFAR-10 test split, so their pretraining federation
+    takes the train split only: no client image is seen, even uncorrupted, in pretraining.
+    """
+
+    source_split: str = "all"
+
+    def __post_init__(self):
+        from pflkit.data.datasets import DATASETS, dataset_options
+
+        one_of("pretrain.data.source_split", self.source_split, set(SOURCE_SPLITS))
+        require(self.dataset in DATASETS, "pretrain.data.dataset", self.dataset,
+                f"unknown dataset; known: {', '.join(DATASETS)}")
+        known = dataset_options(self.dataset)
+        for key in self.options:
+            require(key in known, f"pretrain.data.options.{key}", self.options[key],
+                    f"not an option of dataset {self.dataset!r} (its options: {', '.join(known) or 'none'})")
+        require(self.split == "pool" or self.source_split == "all", "pretrain.data.split", self.split,
+                f"needs both of the dataset's splits; with source_split={self.source_split!r} use split='pool'")
+        try:
+            super().__post_init__()
+        except ConfigError as e:  # DataConfig names its keys data.KEY
+            msg = str(e)
+            raise ConfigError(f"pretrain.{msg}" if msg.startswith("data.") else msg) from None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "digits_cnn"
@@ -140,6 +184,56 @@ class StageConfig:
     config: Any
 
 
+NO_TRAINING = "none"  # pretrain.algorithm of a stage that is only a source of weights
+NORMALIZE = ("pretrain", "data")
+
+
+@dataclass(frozen=True)
+class NoTrainingConfig:
+    """The settings of ``pretrain.algorithm = "none"``: there are none, the stage trains nothing."""
+
+
+@dataclass(frozen=True)
+class PretrainStage(StageConfig):
+    """The ``[pretrain]`` stage: a trained method whose global model the other methods start from.
+
+    Attributes:
+        data: its own federation (``[pretrain.data]``); None trains on the experiment's clients.
+        new_head: when the stage's model is carried to the experiment's model, keep its body
+            exactly and re-initialize the classifier ``head`` (seeded). Needed when the class
+            sets differ; FedL2P App. D attaches a new head to the ImageNet ResNet-18.
+        weights: a state-dict file (``torch.save(model.state_dict())``, e.g. another run's
+            ``global.weights.pt``) loaded, with ``weights_only``, into the stage's start model:
+            every body tensor must fit; head tensors of another shape are left as initialized.
+        normalize: with ``data``, how the clients' images are normalized: ``"pretrain"`` with
+            the pretraining data's per-channel mean and std (the pretrained model's
+            preprocessing, as ImageNet statistics for DomainNet in FedL2P), ``"data"`` with
+            their own dataset's.
+    """
+
+    data: PretrainDataConfig | None = None
+    new_head: bool = False
+    weights: str = ""
+    normalize: str = "pretrain"
+
+    @property
+    def separate(self) -> bool:
+        """True when the stage's model is not simply the experiment's model trained on its clients."""
+        return self.data is not None or self.new_head or self.algorithm == NO_TRAINING
+
+    def extra_dict(self) -> dict:
+        """The stage-level settings that differ from their defaults (so runs made before they
+        existed keep their fingerprints)."""
+        out: dict = {}
+        if self.data is not None:
+            out.update(data=to_dict(self.data), normalize=self.normalize)
+        if self.new_head:
+            out["new_head"] = True
+        if self.weights:
+            out["weights"] = self.weights
+        return out
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """A fully resolved experiment (file + preset + overrides)."""
@@ -151,7 +245,7 @@ class ExperimentConfig:
     preset: str
     data: DataConfig
     model: ModelConfig
-    pretrain: StageConfig | None
+    pretrain: PretrainStage | None
     methods: tuple[StageConfig, ...]
     published: dict = field(default_factory=dict)
     seed: int = 0
@@ -162,7 +256,10 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict:
         def stage(s):
-            return None if s is None else {"label": s.label, "algorithm": s.algorithm, **to_dict(s.config)}
+            if s is None:
+                return None
+            extra = s.extra_dict() if isinstance(s, PretrainStage) else {}
+            return {"label": s.label, "algorithm": s.algorithm, **to_dict(s.config), **extra}
 
         return {"name": self.name, "paper": self.paper, "table": self.table, "title": self.title,
                 "preset": self.preset, "seed": self.seed, "seeds": self.seeds, "kernels": self.kernels,
@@ -242,6 +339,52 @@ def _stage(label: str, raw: dict, prefix: str) -> StageConfig:
     return StageConfig(label, name, from_dict(ALGORITHMS[name].config, raw, prefix))
 
 
+PRETRAIN_KEYS = ("data", "new_head", "weights", "normalize")  # [pretrain] settings outside the algorithm's
+
+
+def _pretrain_stage(raw: dict) -> PretrainStage:
+    """``[pretrain]`` -> a `PretrainStage`, every key checked (one-line errors naming ``pretrain.KEY``)."""
+    from pflkit.algorithms import ALGORITHMS
+
+    raw = dict(raw)
+    label = coerce(raw.pop("label", "Global"), str, "pretrain.label")
+    extra = {k: raw.pop(k) for k in PRETRAIN_KEYS if k in raw}
+    name = raw.get("algorithm")
+    if name == NO_TRAINING:
+        raw.pop("algorithm")
+        if raw:
+            raise ConfigError(f"pretrain.{sorted(raw)[0]}: algorithm 'none' trains nothing and takes no training "
+                              f"settings; its settings: label, {', '.join(k for k in PRETRAIN_KEYS if k != 'data')}")
+        require("data" not in extra, "pretrain.data", extra.get("data"),
+                "algorithm 'none' trains nothing, so it reads no pretraining data")
+        base = StageConfig(label, NO_TRAINING, NoTrainingConfig())
+    else:
+        if name in ALGORITHMS:
+            fields = {f.name for f in dataclasses.fields(ALGORITHMS[name].config) if f.init}
+            unknown = sorted(set(raw) - fields - {"algorithm"})
+            if unknown:
+                raise ConfigError(f"pretrain.{unknown[0]}: unknown setting; known: label, "
+                                  f"{', '.join(PRETRAIN_KEYS)} and {name}'s: {', '.join(sorted(fields))}")
+        elif name is not None and name not in ALGORITHMS:
+            raise ConfigError(f"pretrain.algorithm={name!r}: unknown; known: {', '.join(sorted(ALGORITHMS))}, "
+                              f"{NO_TRAINING} (no training: the stage is only a source of weights)")
+        base = _stage(label, raw, "pretrain.")
+    data = extra.get("data")
+    if data is not None:
+        require(isinstance(data, dict), "pretrain.data", data, "must be a table of [data] settings")
+        data = from_dict(PretrainDataConfig, data, "pretrain.data.")
+    new_head = coerce(extra.get("new_head", False), bool, "pretrain.new_head")
+    weights = coerce(extra.get("weights", ""), str, "pretrain.weights")
+    if weights:
+        require(Path(weights).expanduser().is_file(), "pretrain.weights", weights, "no such file")
+    normalize = coerce(extra.get("normalize", "pretrain"), str, "pretrain.normalize")
+    one_of("pretrain.normalize", normalize, set(NORMALIZE))
+    require(data is not None or "normalize" not in extra, "pretrain.normalize", normalize,
+            "only applies with [pretrain.data] (the clients' images are normalized like the pretraining data's)")
+    return PretrainStage(base.label, base.algorithm, base.config, data=data, new_head=new_head, weights=weights,
+                         normalize=normalize)
+
+
 def resolve(spec: dict | str | Path, preset: str = "cpu", overrides: list[str] | dict | None = None) -> ExperimentConfig:
     """File (or dict) + preset + overrides -> a validated `ExperimentConfig`.
 
@@ -319,8 +462,8 @@ def _build(raw: dict, preset: str) -> ExperimentConfig:
     model = from_dict(ModelConfig, raw.get("model", {}), "model.")
     pretrain = None
     if "pretrain" in raw:
-        pre = dict(raw["pretrain"])
-        pretrain = _stage(pre.pop("label", "Global"), pre, "pretrain.")
+        require(isinstance(raw["pretrain"], dict), "pretrain", raw["pretrain"], "must be a table")
+        pretrain = _pretrain_stage(raw["pretrain"])
     methods = tuple(_stage(label, m, f"methods.{label}.") for label, m in raw.get("methods", {}).items())
     require(bool(methods) or pretrain is not None, "methods", None, "an experiment needs at least one method")
     from pflkit.algorithms import ALGORITHMS
@@ -336,7 +479,9 @@ def _build(raw: dict, preset: str) -> ExperimentConfig:
     device = coerce(raw.get("device", "auto"), str, "device")
     check_device(device)
     check_kernels(kernels, device)
-    _check_keep_best(data, (pretrain,) + methods)
+    if pretrain is not None and pretrain.algorithm != NO_TRAINING:
+        _check_keep_best(pretrain.data or data, (pretrain,), "pretrain.data" if pretrain.data else "data")
+    _check_keep_best(data, methods)
     return ExperimentConfig(
         name=meta.get("name", "experiment"), paper=meta.get("paper", ""), table=meta.get("table", ""),
         title=meta.get("title", ""), preset=preset, data=data, model=model, pretrain=pretrain, methods=methods,
@@ -386,13 +531,17 @@ def check_kernels(kernels: str, device: str) -> None:
             f"the Triton kernels need a CUDA device (device={device!r} here; use kernels=auto or reference)")
 
 
-def _check_keep_best(data: DataConfig, stages) -> None:
-    """Keep-best on validation scores needs a validation split (else every score is NaN)."""
+def _check_keep_best(data: DataConfig, stages, where: str = "data") -> None:
+    """Keep-best on validation scores needs a validation split (else every score is NaN).
+
+    ``where`` names the data the stages train on (``pretrain.data`` for a pretraining stage with its own).
+    """
     if data.val_fraction > 0:
         return
-    for i, st in enumerate(stages):
+    for st in stages:
         c = getattr(st, "config", None)
-        if c is not None and c.keep_best and c.eval_every and c.select in ("val_acc", "val_loss"):
-            key = "pretrain" if i == 0 else f'methods."{st.label}"'
-            raise ConfigError(f"data.val_fraction=0.0: stage {st.label!r} keeps its best state by {c.select}, which "
-                              f"needs a validation split (set data.val_fraction > 0, or {key}.keep_best=false)")
+        if getattr(c, "keep_best", False) and c.eval_every and c.select in ("val_acc", "val_loss"):
+            key = "pretrain" if isinstance(st, PretrainStage) else f'methods."{st.label}"'
+            raise ConfigError(f"{where}.val_fraction=0.0: stage {st.label!r} keeps its best state by {c.select}, "
+                              f"which needs a validation split (set {where}.val_fraction > 0, or "
+                              f"{key}.keep_best=false)")

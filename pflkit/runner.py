@@ -7,11 +7,20 @@ train and test every method. Each finished stage is written to disk at once, so
 ``resume=True`` skips finished stages and continues the unfinished one from its
 last round checkpoint: a resumed run ends with the numbers of an uninterrupted one.
 
+A pretraining stage with its own data (``[pretrain.data]``) trains on its own
+federation (``seed*/pretrain/``: federation, record, weights); ``new_head`` or
+``algorithm = "none"`` also make it separate (`run_pretrain`). Its weights are then
+carried to the experiment's model (`carry_weights`: body exactly, head kept or
+re-initialized) and that model is tested on the clients: the "Global" record, whose
+``pretraining`` entry keeps the stage's own summary. Shapes and classes are checked
+before any training (`check_pretrain_fits`).
+
 What a number rests on is checked and recorded: the output folder is locked for the
 run; a folder that already holds a run is continued only with ``resume=True`` and
 only when the stored fingerprint (resolved config and data files) matches, replaced
 only with ``overwrite=True``; results.json records the device, versions, kernel
-backends and the data files (path, size, sha256); a method is ``ok`` only when every
+backends and the data files (path, size, sha256), those of the pretraining data and
+of any weights file the model started from; a method is ``ok`` only when every
 client has a finite test accuracy (else ``incomplete``, naming the clients).
 """
 from __future__ import annotations
@@ -35,13 +44,17 @@ from pflkit import kernels
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.base import Env
 from pflkit.config import ConfigError
+from pflkit.data.base import Dataset
 from pflkit.data.datasets import load_dataset
-from pflkit.experiments import ExperimentConfig, StageConfig
+from pflkit.data.provenance import weights_record
+from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.fl.loop import StageResult, run_rounds
-from pflkit.fl.train import set_state
+from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, write_json
 from pflkit.models import build_model
+from pflkit.pretraining import (carry_weights, check_imagenet_weights, check_pretrain_fits, client_data,
+                                load_pretrain_data, load_start_weights, pretrain_provenance)
 
 log = logging.getLogger(__name__)
 
@@ -136,28 +149,100 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     return record
 
 
-def build_seed_federation(cfg: ExperimentConfig, dataset, seed: int) -> Federation:
-    """The federation of one seed, exactly as every engine builds it."""
-    d = cfg.data
+def federation_of(d: DataConfig, dataset, seed: int) -> Federation:
+    """The federation that the data settings ``d`` give over ``dataset`` for one seed."""
     return build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
                             test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
                             augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
 
 
-def check_client_splits(fed: Federation, cfg: ExperimentConfig) -> None:
-    """Every client needs training and test samples: else its accuracy would be NaN (before any training)."""
-    for split in ("train", "test"):
+def build_seed_federation(cfg: ExperimentConfig, dataset, seed: int) -> Federation:
+    """The federation of one seed, exactly as every engine builds it."""
+    return federation_of(cfg.data, dataset, seed)
+
+
+def check_client_splits(fed: Federation, cfg: ExperimentConfig | None = None, *, data: DataConfig | None = None,
+                        key: str = "data", splits=("train", "test")) -> None:
+    """Every client needs training and test samples: else its accuracy would be NaN (before any training).
+
+    ``data`` / ``key`` name other data settings (``pretrain.data``, whose clients need only ``splits=("train",)``).
+    """
+    data = data if data is not None else cfg.data
+    for split in splits:
         empty = [c.id for c in fed.clients if c.num(split) == 0]
         if empty:
             shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
-            raise ConfigError(f"data.num_clients={cfg.data.num_clients}: {len(empty)} of {fed.num_clients} clients get "
-                              f"no {split} samples from {cfg.data.dataset!r} (clients {shown}); use fewer clients"
-                              + (" or a larger data.test_fraction" if split == "test" else ""))
+            raise ConfigError(f"{key}.num_clients={data.num_clients}: {len(empty)} of {fed.num_clients} clients get "
+                              f"no {split} samples from {data.dataset!r} (clients {shown}); use fewer clients"
+                              + (f" or a larger {key}.test_fraction" if split == "test" else ""))
+
+
+def _eval_config():
+    """FedAvg with no round: tests the given global model on every client (`run_rounds` with rounds=0)."""
+    return get_algorithm("fedavg").config(rounds=0, eval_every=0, keep_best=False)
+
+
+def _pretraining_summary(rec: dict) -> dict:
+    return {k: rec.get(k) for k in ("status", "error", "best_round", "seconds", "summary", "missing")}
+
+
+def run_pretrain(cfg: ExperimentConfig, fed: Federation, env: Env, pre: Dataset | None, seed_dir: Path,
+                 resume: bool, progress: bool, train=train_locally) -> tuple[dict, dict | None]:
+    """The pretraining stage of one seed: (its record, the weights every fine-tuning method starts from).
+
+    A plain stage (no own data, no new head, a training algorithm) trains on the clients and its
+    global model is the start, as always. Otherwise the stage trains on its own federation (or the
+    clients') in ``seed_dir/pretrain`` (``algorithm = "none"``: no training, its start model is the
+    result), `carry_weights` moves the weights to the experiment's model, and that model is tested
+    on every client (the record; ``pretraining`` holds the stage's own summary, ``history`` its rounds).
+    """
+    st = cfg.pretrain
+    name = slug(st.label)
+    done, weights = seed_dir / f"{name}.json", seed_dir / f"{name}.weights.pt"
+    if not st.separate:
+        rec = _run_stage(st, fed, env, load_start_weights(initial_model(env), st), seed_dir, resume, progress, train)
+        return rec, load_torch(weights) if rec["status"] != "diverged" and weights.exists() else None
+    if resume and done.exists():
+        rec = read_json(done)
+        return rec, load_torch(weights) if weights.exists() else None
+    extra, earlier = {}, 0.0
+    if st.algorithm == NO_TRAINING:
+        source = get_state(load_start_weights(initial_model(env), st))
+        extra["pretraining"] = {"weights": st.weights or f"{cfg.model.name} as built"}
+    else:
+        pre_dir = seed_dir / "pretrain"
+        pre_dir.mkdir(exist_ok=True)
+        pre_fed, pre_env = fed, env
+        if st.data is not None:
+            pre_fed = federation_of(st.data, pre, env.seed)
+            check_client_splits(pre_fed, data=st.data, key="pretrain.data", splits=("train",))
+            pre_fed.save(pre_dir / "federation.npz")
+            pre_env = make_env(cfg, pre_fed, env.seed)
+        start = load_start_weights(initial_model(pre_env), st)
+        rec = _run_stage(st, pre_fed, pre_env, start, pre_dir, resume, progress, train)
+        trained = pre_dir / f"{name}.weights.pt"
+        extra = {"pretraining": _pretraining_summary(rec), "history": rec["history"]}
+        earlier = rec.get("seconds", 0.0)
+        if rec["status"] == "diverged" or not trained.exists():
+            return {**rec, "status": "diverged", "error": f"pretraining: {rec.get('error') or 'no weights'}",
+                    "per_client": [], "summary": {"acc": math.nan}, **extra}, None
+        source = load_torch(trained)
+    state = carry_weights(source, initial_model(env), st.new_head, env)
+    result = run_rounds(get_algorithm("fedavg"), _eval_config(), fed, set_state(initial_model(env), state), env,
+                        desc=f"{st.label} (seed {env.seed}): test" if progress else None)
+    record = {**_stage_record(result), **extra}
+    record["seconds"] = earlier + result.seconds
+    save_torch(weights, state)
+    write_json(done, record)
+    return record, state
 
 
 def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool,
-             train=train_locally):
-    """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids})."""
+             train=train_locally, pre: Dataset | None = None):
+    """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids}).
+
+    ``pre``: the pretraining stage's own dataset (`load_pretrain_data`), when it has one.
+    """
     seed_dir = out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     fed = build_seed_federation(cfg, dataset, seed)
@@ -167,11 +252,7 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
     records: dict[str, dict] = {}
     pretrained = None
     if cfg.pretrain is not None:
-        records[cfg.pretrain.label] = rec = _run_stage(cfg.pretrain, fed, env, initial_model(env), seed_dir, resume,
-                                                       progress, train)
-        weights = seed_dir / f"{slug(cfg.pretrain.label)}.weights.pt"
-        if rec["status"] != "diverged" and weights.exists():
-            pretrained = load_torch(weights)
+        records[cfg.pretrain.label], pretrained = run_pretrain(cfg, fed, env, pre, seed_dir, resume, progress, train)
     for stage in cfg.methods:
         algo = get_algorithm(stage.algorithm)
         if algo.needs_pretrained:
@@ -244,11 +325,21 @@ RUN_FILE = "run.json"
 NOT_FINGERPRINTED = ("seeds", "published", "title", "device", "kernels", "deviations")
 
 
-def fingerprint(cfg: ExperimentConfig, dataset) -> dict:
-    """What a run's numbers depend on: the resolved config (less `NOT_FINGERPRINTED`) and the data read."""
+def fingerprint(cfg: ExperimentConfig, dataset, pre=None) -> dict:
+    """What a run's numbers depend on: the resolved config (less `NOT_FINGERPRINTED`), the data read,
+    the pretraining stage's own data (``pre``) and its ``weights`` file, when it has them."""
     config = {k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}
-    files = [{"bytes": f["bytes"], "sha256": f["sha256"]} for f in data_files(dataset)]
-    return {"config": config, "data": {"name": dataset.meta.name, "files": files}}
+
+    def files(ds):
+        return [{"bytes": f["bytes"], "sha256": f["sha256"]} for f in data_files(ds)]
+
+    fp = {"config": config, "data": {"name": dataset.meta.name, "files": files(dataset)}}
+    if pre is not None:
+        fp["pretrain_data"] = {"name": pre.meta.name, "files": files(pre)}
+    if cfg.pretrain is not None and cfg.pretrain.weights:
+        rec = weights_record(Path(cfg.pretrain.weights).expanduser(), "pretrain.weights")
+        fp["pretrain_weights"] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
+    return fp
 
 
 def fingerprint_hash(fp: dict) -> str:
@@ -332,13 +423,20 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     with locked_folder(out), kernels.use_backend(cfg.kernels):
         remove_orphans(out)
         t0 = time.perf_counter()
+        if engine != "pflkit" and cfg.pretrain is not None and cfg.pretrain.data is not None:
+            raise ConfigError(f"pretrain.data: the {engine} engine cannot build the pretraining stage's own "
+                              "federation yet; run this experiment with the pflkit engine")
+        check_imagenet_weights(cfg)  # a missing ImageNet file fails here, before any data is read
         dataset = load_dataset(cfg.data.dataset, data_root, download=download, **cfg.data.options)
+        pre = load_pretrain_data(cfg, data_root, download, load=load_dataset)
         t_data = time.perf_counter() - t0
-        fp = fingerprint(cfg, dataset)
+        check_pretrain_fits(cfg, dataset, pre)
+        fp = fingerprint(cfg, dataset, pre)
         prepare_folder(out, fp, resume=resume, overwrite=overwrite)
         environment = device_info(cfg)
         seeds = [cfg.seed + k for k in range(cfg.seeds)]
-        runs = {s: run_seed(cfg, dataset, s, out, resume, progress, train) for s in seeds}
+        used = client_data(cfg, dataset, pre)
+        runs = {s: run_seed(cfg, used, s, out, resume, progress, train, pre) for s in seeds}
         results = _results(cfg, runs, seeds, engine)
         stage_seconds = sum(v for st in results["timing"]["stages"].values() for v in st.values())
         results["timing"].update({"total_seconds": t_data + stage_seconds, "data_seconds": t_data,
@@ -346,6 +444,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
         results.update({"environment": environment,
                         "data": {"name": dataset.meta.name, "source": dataset.meta.source,
                                  "files": data_files(dataset), "fingerprint": fingerprint_hash(fp)}})
+        results.update(pretrain_provenance(cfg, pre))
         write_json(out / "results.json", results)
     return results
 

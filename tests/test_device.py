@@ -142,7 +142,7 @@ CASES = {
     "fedl2p_table8_digits_c3": 12,  # FOMAML+ and IFT hypergradients; L2P via table 2's
     "pfedhn_table1_c10_n10": 12,  # Local, Per-FedAvg FO/HF, FedPer, pFedMe, LG-FedAvg, pFedHN(-PC)
     "fedselect_table1_s2": None,  # every FedSelect baseline and variant (smoke: 5 samples per class)
-    "pfedvem_cifar10_n50": 12,  # Local, FedAvg, pFedMe, FedPer, pFedHN, pFedMAP, the sampled-protocol variant
+    "pfedvem_cifar10_n50": 12,  # Local, FedAvg, pFedMe, FedPer, pFedHN, pFedMAP, pFedVEM
 }
 
 

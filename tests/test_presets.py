@@ -37,6 +37,8 @@ STAGE_SIZES = frozenset({
     # iterations, pFedMe's inner steps, pFedVEM's head steps, FedSelect's epochs per GradLTN
     # iteration (NOT ltn_iterations: L sets the personal share, about p^L of the entries)
     "meta_iters", "inner_steps", "head_steps", "ltn_epochs",
+    # pFedHN's novel-client fit: the most updates of v_new and the old fixed budget (sec. 5.3)
+    "novel_max_steps", "novel_rounds",
     # bookkeeping: how often and on how many clients progress is measured and saved
     "eval_every", "eval_clients", "checkpoint_every",
 })
@@ -76,13 +78,16 @@ def _leaves(tree, prefix: tuple = ()) -> dict[tuple, object]:
 def settings(cfg) -> dict[tuple, object]:
     """Every setting of a resolved experiment, by key path (``("methods", LABEL, "lr")``)."""
     tree = {"seed": cfg.seed, "seeds": cfg.seeds, "data": to_dict(cfg.data), "model": to_dict(cfg.model)}
-    if cfg.pretrain is not None:
-        tree["pretrain"] = {"algorithm": cfg.pretrain.algorithm, **to_dict(cfg.pretrain.config)}
+    if cfg.pretrain is not None:  # with the stage's own data, new_head, weights (PretrainStage)
+        tree["pretrain"] = {"algorithm": cfg.pretrain.algorithm, **to_dict(cfg.pretrain.config),
+                            **cfg.pretrain.extra_dict()}
     tree["methods"] = {m.label: {"algorithm": m.algorithm, **to_dict(m.config)} for m in cfg.methods}
     return _leaves(tree)
 
 
 def is_size(path: tuple) -> bool:
+    if path[:2] == ("pretrain", "data"):  # the pretraining stage's own data: the sizes of [data]
+        return ".".join(("data",) + path[2:]) in OTHER_SIZES
     if path[0] == "pretrain":
         return path[1] in STAGE_SIZES
     if path[0] == "methods":
@@ -91,7 +96,11 @@ def is_size(path: tuple) -> bool:
 
 
 def covers(declared: tuple, path: tuple) -> bool:
-    """``methods.*.lr`` covers every method's lr; a table (``model.options``) covers its entries."""
+    """``methods.*.lr`` covers every method's lr; a table (``model.options``) covers its entries; a stage's
+    ``algorithm`` covers all of that stage's settings (another algorithm's cannot be compared one by one)."""
+    stage = 2 if declared[:1] == ("methods",) else 1
+    if len(declared) == stage + 1 and declared[-1] == "algorithm" and path[:stage] == declared[:stage]:
+        return True
     if len(declared) > len(path):
         return False
     return all(d == p or (i == 1 and d == "*" and declared[0] == "methods")
@@ -200,3 +209,24 @@ def test_the_audit_catches_an_undeclared_and_a_stale_setting(tmp_path):
     assert any("[presets.smoke]: undeclared pretrain.momentum" in p for p in problems)
     assert any("stale declaration 'pretrain.batch_size'" in p for p in problems)
     assert not any("rounds" in p or "num_clients" in p for p in problems)  # sizes
+
+
+def test_the_audit_reads_the_pretraining_data_and_a_stage_of_another_algorithm(tmp_path):
+    path = tmp_path / "y.toml"
+    base = ('[data]\ndataset = "digits"\nnum_clients = 4\n'
+            '[pretrain]\nalgorithm = "fedavg"\nlr = 0.05\nnew_head = true\n'
+            '[pretrain.data]\ndataset = "digits"\nnum_clients = 2\npartition = { alpha = 1.0 }\n'
+            '[methods."FT"]\nalgorithm = "finetune"\n')
+    path.write_text(base + '[presets.paper]\n"pretrain.data.num_clients" = 20\n'
+                    '"pretrain.data.partition" = { alpha = 5.0 }\n')
+    problems = audit("y", path)
+    assert any("[presets.cpu]: undeclared pretrain.data.partition.alpha = 1.0 (paper: 5.0)" in p for p in problems)
+    assert not any("num_clients" in p for p in problems)  # the pretraining data's size, like data.num_clients
+    # `paper` replaces the stage by one that trains nothing: its declared algorithm covers the stage's settings
+    declared = '"pretrain.algorithm", "pretrain.data.dataset"'
+    path.write_text(base.replace('[methods."FT"]', f'[presets.cpu]\ndeviations = [{declared}]\n'
+                                 f'[presets.smoke]\ndeviations = [{declared}]\n[methods."FT"]')
+                    + '[presets.paper]\n"pretrain" = { algorithm = "none", new_head = true }\n')
+    assert audit("y", path) == []
+    path.write_text(base + '[presets.paper]\n"pretrain" = { algorithm = "none", new_head = true }\n')
+    assert any("[presets.cpu]: undeclared pretrain.algorithm = 'fedavg' (paper: 'none')" in p for p in audit("y", path))

@@ -184,6 +184,71 @@ def surrogate_grads(net: HyperNetwork, rows: Sequence[int], deltas: Sequence[Ten
     return {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads)}
 
 
+def embedding_grad(net: HyperNetwork, v: torch.Tensor, names: Sequence[str], delta: Tensors) -> torch.Tensor:
+    """Gradient of ``1/2 ||theta_tilde - h(v; phi)||^2`` with respect to ``v`` alone, phi frozen.
+
+    ``theta_tilde = h(v; phi) + delta`` is held fixed, so this is ``-(d h / d v)^T delta``
+    (sec. 3.2's update restricted to the embedding; sec. 5.3 freezes phi).
+    """
+    with torch.enable_grad():
+        v = v.detach().clone().requires_grad_(True)
+        theta = net.generate(v, names)
+        inner = sum((theta[k] * delta[k].to(theta[k])).sum() for k in delta)
+        (g,) = torch.autograd.grad(-inner, [v])
+    return g.detach()
+
+
+def _converged(trail: list[torch.Tensor], window: int, tol: float) -> tuple[bool, float]:
+    """Drift of the last ``window`` iterates' mean from the previous window's, relative to max(1, ||v||).
+
+    Comparing window means (not single steps) ignores the jitter of stochastic client
+    answers around a fixed point but still sees a steady drift.
+    """
+    if len(trail) < 2 * window + 1:
+        return False, math.inf
+    recent = torch.stack(trail[-window:]).mean(0)
+    before = torch.stack(trail[-2 * window:-window]).mean(0)
+    drift = float((recent - before).norm()) / max(1.0, float(recent.norm()))
+    return drift <= tol, drift
+
+
+def fit_embedding(net: HyperNetwork, v0: torch.Tensor, names: Sequence[str], answer, *, lr: float,
+                  momentum: float = 0.0, weight_decay: float = 0.0, max_grad_norm: float = 0.0,
+                  max_steps: int = 1000, tol: float = 0.0, window: int = 10) -> tuple[torch.Tensor, dict]:
+    """Optimize one embedding through a frozen hypernetwork (pFedHN sec. 5.3, novel clients).
+
+    Each step sends ``theta = h(v; phi)`` to the client, which answers ``delta theta``
+    (``answer(theta, step) -> {name: tensor}``, e.g. K local SGD steps); ``v`` then takes
+    one SGD step (torch's rule: weight decay, momentum) on `embedding_grad`, the gradient
+    clipped at ``max_grad_norm`` (0: none). Stops after ``max_steps`` steps, or earlier
+    when the mean of the last ``window`` iterates moved by at most ``tol * max(1, ||v||)``
+    from the mean of the ``window`` before them (``tol = 0``: never early).
+
+    Returns:
+        The fitted embedding and ``{"steps", "converged", "drift"}``.
+    """
+    v = v0.detach().clone()
+    buf: torch.Tensor | None = None
+    trail = [v.clone()]
+    done, drift, step = False, math.inf, 0
+    for step in range(1, max_steps + 1):
+        with torch.no_grad():
+            theta = {k: t.detach().clone() for k, t in net.generate(v, names).items()}
+        g = embedding_grad(net, v, names, answer(theta, step - 1))
+        g = clip_grad_norm({"v": g}, max_grad_norm)["v"]
+        if weight_decay:
+            g = g + weight_decay * v
+        if momentum:
+            buf = g if buf is None else momentum * buf + g
+            g = buf
+        v = v - lr * g
+        trail = (trail + [v.clone()])[-(2 * window + 1):]
+        done, drift = _converged(trail, window, tol) if tol > 0 else (False, math.inf)
+        if done:
+            break
+    return v, {"steps": step, "converged": bool(done), "drift": drift}
+
+
 def clip_grad_norm(grads: Tensors, max_norm: float) -> Tensors:
     """Scale ``grads`` to global L2 norm at most ``max_norm`` (0: unchanged); torch's rule."""
     if max_norm <= 0:

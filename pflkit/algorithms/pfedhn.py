@@ -29,8 +29,11 @@ Variants (config fields, not separate code paths):
   split into equal contiguous groups and each receives the network of its width.
 * Fixed embeddings (App. C.5, ``embeddings="class_proportions"``): v_i is the
   client's share of every class, p_hat_i, and is not trained.
-* Novel clients (sec. 5.3): `novel_client_algorithm` freezes phi and learns only
-  the new clients' embeddings with the same update.
+* Novel clients (sec. 5.3): `fit_novel_clients` freezes phi and optimizes each new
+  client's embedding on that client's data until it stops moving (``novel_fit="converge"``,
+  the paper's "optimize v_new"), with Alg. 1's update restricted to v_new and the authors'
+  embedding optimizer; ``novel_fit="rounds"`` is the older fixed budget of Alg. 1 rounds
+  over the novel clients (`novel_client_algorithm` with `run_rounds`).
 
 Buffers (BatchNorm statistics) are not generated: they start from the initial
 model and stay on the client. Accuracy is the mean over clients of each client's
@@ -39,10 +42,14 @@ accuracy (the paper's definition; the authors' code pools predictions).
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from pflkit.algorithms import hypernet as hn
 from pflkit.algorithms.base import Algorithm, FLConfig, Update, replace
@@ -74,6 +81,14 @@ class PFedHNConfig(FLConfig):
         budget_model, budget_option: the model built per width (``lenet``, option ``width``).
         multi_client: "mean" or "series" (module docstring).
         train_hypernet: False freezes phi (novel clients, sec. 5.3).
+        novel_fit: how `fit_novel_clients` learns a novel client's embedding (sec. 5.3):
+            "converge" (each client on its own data until the embedding stops moving, at most
+            ``novel_max_steps`` updates; stop rule in `hypernet.fit_embedding`, tolerance
+            ``novel_tol`` over windows of ``novel_window`` updates) or "rounds" (the older
+            budget: ``novel_rounds`` Alg. 1 rounds over the novel clients, one random client a
+            round; 0: 10 per novel client). The embedding's optimizer is the authors' one for
+            embeddings: SGD at embed_lr (or server_lr), server_momentum, server_weight_decay,
+            gradient clipped at server_max_grad_norm.
         checkpoint_every: 20 server steps (one step is one client visit of ~1 s on a CPU, while the
             hypernetwork and its momentum are ~200 MB for a LeNet target).
     """
@@ -105,6 +120,11 @@ class PFedHNConfig(FLConfig):
     budget_option: str = "width"
     multi_client: str = "mean"
     train_hypernet: bool = True
+    novel_fit: str = "converge"
+    novel_max_steps: int = 1000
+    novel_tol: float = 1e-3
+    novel_window: int = 20
+    novel_rounds: int = 0
     checkpoint_every: int = 20
 
     def __post_init__(self):
@@ -122,6 +142,11 @@ class PFedHNConfig(FLConfig):
         require(self.depth >= 0, "depth", self.depth, "must be >= 0")
         one_of("embeddings", self.embeddings, {"learned", "class_proportions"})
         one_of("multi_client", self.multi_client, {"mean", "series"})
+        one_of("novel_fit", self.novel_fit, {"converge", "rounds"})
+        require(self.novel_max_steps >= 1, "novel_max_steps", self.novel_max_steps, "must be >= 1")
+        non_negative("novel_tol", self.novel_tol)
+        require(self.novel_window >= 1, "novel_window", self.novel_window, "must be >= 1")
+        require(self.novel_rounds >= 0, "novel_rounds", self.novel_rounds, "must be >= 0 (0: 10 per novel client)")
         # the default tiny fraction means "one client per step"; Bernoulli draws would almost never pick one
         require(self.sampling == "fraction" or self.fraction >= 1e-3, "fraction", self.fraction,
                 "with sampling='bernoulli' use the share of clients per round (>= 1e-3)")
@@ -206,12 +231,17 @@ def _width(state, client_id, cfg) -> int | None:
     return cfg.budget_widths[budget_group(client_id, n, len(cfg.budget_widths))]
 
 
+def _names(state, client_id: int, cfg) -> tuple[str, list[str]]:
+    """The budget prefix of the client's width and the names h emits for it."""
+    pre = _prefix(_width(state, client_id, cfg))
+    return pre, [n for n in state["spec"]["targets"] if n.startswith(pre) and (pre or "/" not in n)]
+
+
 @torch.no_grad()
 def generate(state, client_id: int, cfg) -> dict[str, torch.Tensor]:
     """theta_i = h(v_i; phi) with the target's own parameter names (the budget prefix removed)."""
     net = hn.materialize(state["spec"], state["hnet"])
-    pre = _prefix(_width(state, client_id, cfg))
-    names = [n for n in state["spec"]["targets"] if n.startswith(pre) and (pre or "/" not in n)]
+    pre, names = _names(state, client_id, cfg)
     out = net(state["rows"][client_id], names)
     return {n[len(pre):]: t.detach().clone() for n, t in out.items()}
 
@@ -370,6 +400,75 @@ def novel_client_algorithm(trained_state: dict, num_novel: int, *, init: str = "
     return replace(PFEDHN, name="pfedhn_novel", label=label, init=novel_init)
 
 
+def fit_novel_embedding(state, client, client_state, cfg, env) -> tuple[dict, Any, dict]:
+    """Sec. 5.3 for one novel client: phi frozen, v_new optimized on this client's data.
+
+    Every update is Alg. 1's round restricted to v_new: the client runs K local steps from
+    theta = h(v_new; phi) and returns delta theta; v_new descends the surrogate
+    1/2 ||theta_tilde - h(v_new; phi)||^2 with the authors' embedding optimizer (SGD at
+    ``embed_lr or server_lr``, ``server_momentum``, ``server_weight_decay`` (their optimizer
+    decays the embeddings too), the gradient clipped at ``server_max_grad_norm``), until
+    `hypernet.fit_embedding`'s stop rule (``novel_tol``, ``novel_window``) or
+    ``novel_max_steps`` updates. The client's batches come from (seed, client, update).
+
+    Returns:
+        The state with the client's row replaced, its client state (pFedHN-PC's head, BN
+        buffers) and ``{"client", "steps", "converged", "drift"}``.
+    """
+    row = state["rows"][client.id]
+    width = _width(state, client.id, cfg)
+    pre, names = _names(state, client.id, cfg)
+    net = hn.materialize(state["spec"], state["hnet"])
+    local = {"state": client_state}
+
+    def answer(theta, step):
+        env.round = step
+        env.seed_torch("client", client.id, step)
+        msg = {"theta": {n[len(pre):]: t for n, t in theta.items()}, "width": width}
+        upd, local["state"] = client_update(msg, client, local["state"], cfg, env)
+        return _prefixed(upd.payload["delta"], width)
+
+    v, info = hn.fit_embedding(net, state["hnet"]["embeddings"][row], names, answer,
+                               lr=cfg.embed_lr or cfg.server_lr, momentum=cfg.server_momentum,
+                               weight_decay=cfg.server_weight_decay, max_grad_norm=cfg.server_max_grad_norm,
+                               max_steps=cfg.novel_max_steps, tol=cfg.novel_tol, window=cfg.novel_window)
+    emb = state["hnet"]["embeddings"].clone()
+    emb[row] = v.to(emb)
+    return {**state, "hnet": {**state["hnet"], "embeddings": emb}}, local["state"], {"client": client.id, **info}
+
+
+def fit_novel_clients(trained_state: dict, novel, cfg, env, *, init: str = "mean", seed: int = 0,
+                      desc: str | None = None):
+    """Sec. 5.3: freeze phi, learn one embedding per novel client, then test every novel client.
+
+    ``cfg.novel_fit == "converge"`` (default): `fit_novel_embedding` on each client in turn
+    (phi is frozen, so the clients do not interact); the history has one row per client
+    with its number of updates and whether the stop rule fired. ``"rounds"``: the older
+    budget, ``novel_rounds`` Alg. 1 rounds of `novel_client_algorithm` in `run_rounds`.
+    The new embeddings start at the mean of the trained ones (``init="mean"``) or N(0, 1).
+
+    Returns:
+        A `pflkit.fl.loop.StageResult` over the novel federation.
+    """
+    from pflkit.fl.loop import StageResult, evaluate_clients, run_rounds  # the loop imports the algorithms
+
+    algo = novel_client_algorithm(trained_state, novel.num_clients, init=init, seed=seed)
+    ncfg = dataclasses.replace(cfg, train_hypernet=False)
+    if cfg.novel_fit == "rounds":
+        ncfg = dataclasses.replace(ncfg, rounds=cfg.novel_rounds or 10 * novel.num_clients)
+        env.seed_torch("init")
+        return run_rounds(algo, ncfg, novel, env.model_fn().to(env.device), env, desc=desc)
+    t0 = time.perf_counter()
+    state, client_states, history = algo.init(None, novel, ncfg, env), {}, []
+    for client in tqdm(novel.clients, desc=desc, disable=desc is None or None):
+        state, client_states[client.id], info = fit_novel_embedding(state, client, None, ncfg, env)
+        history.append(info)
+    result = StageResult("ok", state, client_states, history)
+    result.set_test(evaluate_clients(algo, state, client_states, novel, range(novel.num_clients), ncfg, env, "test"))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
 PFEDHN = Algorithm(
     name="pfedhn", label="pFedHN", config=PFedHNConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
@@ -378,4 +477,5 @@ PFEDHN = Algorithm(
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)
 
 __all__ = ["PFEDHN", "PFEDHN_PC", "PFedHNConfig", "PFedHNPCConfig", "budget_group", "class_proportions",
-           "client_model", "embeddings", "generate", "novel_client_algorithm", "personal_model"]
+           "client_model", "embeddings", "fit_novel_clients", "fit_novel_embedding", "generate",
+           "novel_client_algorithm", "personal_model"]

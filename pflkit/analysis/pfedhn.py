@@ -95,23 +95,52 @@ def client_classes(fed: Federation, split: str = "train") -> list[tuple[str, ...
 # ---------------------------------------------------------------- Fig. 2 / 7
 
 
-def novel_tv(train: Federation, novel: Federation, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-    """TV distance of every novel client's label distribution to its nearest training client.
+def class_shares(*feds: Federation, split: str = "train") -> np.ndarray:
+    """p_hat over the clients of ``feds`` taken together (sec. 5.3): p_hat[i, j] is client i's share
+    of all class-j samples held by these clients, so every used column sums to 1 over the clients.
+
+    With the training and the novel clients of one partition, this is the p_hat the paper's
+    allocation defines (p_i ~ Dir(alpha), normalized over all clients per class).
+    """
+    h = np.concatenate([f.histograms(split) for f in feds]).astype(np.float64)
+    total = h.sum(axis=0, keepdims=True)
+    return np.divide(h, total, out=np.zeros_like(h), where=total > 0)
+
+
+def novel_tv(train: Federation, novel: Federation, split: str = "train", *,
+             basis: str = "p_hat") -> tuple[np.ndarray, np.ndarray]:
+    """TV distance of every novel client to its nearest training client (sec. 5.3, Fig. 2 / 7).
+
+    ``basis="p_hat"`` (the paper: "the TV is computed over the empirical distributions p_hat"):
+    TV = 1/2 sum_j |p_hat_novel,j - p_hat_train,j| with p_hat from `class_shares` over the
+    training and novel clients together, used as they are (a p_hat row is a client's share of
+    each class, not renormalized over classes). ``basis="labels"``: the older measure, TV
+    between the two clients' label distributions (histograms normalized per client).
 
     Returns:
         ``(distances, nearest training client ids)``, both of length ``novel.num_clients``.
     """
-    return nearest_tv(novel.histograms(split), train.histograms(split), return_index=True)
+    if basis == "labels":
+        return nearest_tv(novel.histograms(split), train.histograms(split), return_index=True)
+    if basis != "p_hat":
+        raise ValueError(f"basis={basis!r}: use 'p_hat' (the paper) or 'labels'")
+    shares = class_shares(train, novel, split=split)
+    p_train, p_novel = shares[:train.num_clients], shares[train.num_clients:]
+    tv = 0.5 * np.abs(p_novel[:, None, :] - p_train[None, :, :]).sum(-1)  # (n_novel, n_train)
+    nearest = tv.argmin(axis=1)
+    return tv[np.arange(len(tv)), nearest], nearest
 
 
 def fit_novel_clients(trained: StageResult, novel: Federation, cfg, env, *, rounds: int | None = None,
                       init: str = "mean") -> StageResult:
-    """Sec. 5.3: freeze phi, learn an embedding for each novel client with Alg. 1's update."""
-    algo = pfedhn.novel_client_algorithm(trained.state, novel.num_clients, init=init)
-    steps = rounds if rounds is not None else max(1, novel.num_clients * 10)
-    ncfg = dataclasses.replace(cfg, train_hypernet=False, rounds=steps)
-    env.seed_torch("init")
-    return run_rounds(algo, ncfg, novel, env.model_fn().to(env.device), env)
+    """Sec. 5.3: freeze phi and learn each novel client's embedding (`pfedhn.fit_novel_clients`).
+
+    ``cfg.novel_fit`` picks fitting to convergence (default) or the older round budget;
+    ``rounds`` (given) selects the latter with that many rounds.
+    """
+    if rounds is not None:
+        cfg = dataclasses.replace(cfg, novel_fit="rounds", novel_rounds=rounds)
+    return pfedhn.fit_novel_clients(trained.state, novel, cfg, env, init=init)
 
 
 def generalization_gap(novel_per_client: dict, train_per_client: dict) -> float:

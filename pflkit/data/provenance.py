@@ -5,7 +5,9 @@ every loader records the files it read. Large folders of images or clips are
 recorded as one entry (count, total size and the sha256 of their sorted listing of
 relative paths and sizes) rather than hashing every image at each load.
 Digests are memoized per process on (path, size, mtime), so loading the same
-file twice hashes it once.
+file twice hashes it once. `dataset_record` is what a run's results.json says about
+each dataset it read (the clients' data and, when the pretraining stage has its own,
+the pretraining data); `weights_record` the same for a file of model weights.
 """
 from __future__ import annotations
 
@@ -78,3 +80,19 @@ def read_note(folder: str | os.PathLike, levels: int = 2) -> dict | None:
                 log.warning("ignoring unreadable download note %s (%s)", note, exc)
                 return None
     return None
+
+
+def dataset_record(dataset) -> dict:
+    """What a loaded dataset was read from: ``{"name", "source", "files", "download"}``.
+
+    ``files`` are the loader's own records (`file_record` / `folder_record`); ``download``
+    the note of a pflkit download, or None.
+    """
+    meta = dataset.meta
+    return {"name": meta.name, "source": meta.source, "files": [dict(f) for f in meta.files],
+            "download": meta.download}
+
+
+def weights_record(path: str | os.PathLike, what: str) -> dict:
+    """``{"what", "path", "bytes", "sha256"}`` of a file of model weights a run started from."""
+    return {"what": what, **file_record(path)}

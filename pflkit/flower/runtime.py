@@ -41,7 +41,7 @@ def experiment_to_raw(cfg: ExperimentConfig) -> dict:
            "methods": {m.label: stage(m) for m in cfg.methods}, "published": dict(cfg.published),
            "seed": cfg.seed, "seeds": cfg.seeds, "kernels": cfg.kernels, "device": cfg.device}
     if cfg.pretrain is not None:
-        raw["pretrain"] = {"label": cfg.pretrain.label, **stage(cfg.pretrain)}
+        raw["pretrain"] = {"label": cfg.pretrain.label, **stage(cfg.pretrain), **cfg.pretrain.extra_dict()}
     if cfg.deviations:  # the preset's declarations travel too, so Flower runs record them
         raw["presets"] = {cfg.preset: {"deviations": [d.split("=", 1)[0] for d in cfg.deviations]}}
     return raw

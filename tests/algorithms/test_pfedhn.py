@@ -231,3 +231,131 @@ def test_pathological_split_matches_its_definition(n, k):
         m = holders[c]
         s = shares[shares[:, c] > 0, c]
         assert (s >= 0.4 / (0.4 + 0.6 * (m - 1)) - 1e-12).all() and (s <= 0.6 / (0.6 + 0.4 * (m - 1)) + 1e-12).all()
+
+
+# ---------------------------------------------------------------- novel clients (sec. 5.3)
+
+
+def _affine_hypernet(seed=0):
+    """depth 0: h(v) = W_head (W_trunk v + b_trunk) + b_head, affine in v (the paper's linear case, sec. 4)."""
+    torch.manual_seed(seed)
+    return hn.build(hn.spec_of(1, {"w": (3, 4), "b": (3,)}, embed_dim=4, hidden=8, depth=0,
+                               spectral_norm=False, fixed=False)).eval()
+
+
+def _flat(theta):
+    return torch.cat([theta["w"].reshape(-1), theta["b"]])
+
+
+@pytest.mark.parametrize("local_steps,weight_decay", [(1, 1e-3), (5, 0.0)])
+def test_fit_embedding_reaches_the_closed_form_optimum(local_steps, weight_decay):
+    """Frozen affine h(v) = A v + c, convex quadratic client loss 1/2 (theta - t)^T Q (theta - t).
+
+    K = 1 local GD step of size eta answers delta = -eta Q (theta - t), so v descends
+    eta * L(h(v)) + wd/2 ||v||^2, whose minimizer solves (eta A^T Q A + wd I) v = eta A^T Q (t - c).
+    K = 5 steps on an isotropic Q (no decay): the fixed point is the least-squares v (A^T A) v = A^T (t - c).
+    """
+    net = _affine_hypernet()
+    names = ["w", "b"]
+    gen = torch.Generator().manual_seed(1)
+    target = torch.randn(15, generator=gen, dtype=torch.float64)
+    if local_steps == 1:
+        m = torch.randn(15, 15, generator=gen, dtype=torch.float64)
+        q = m @ m.T / 15 + 0.5 * torch.eye(15, dtype=torch.float64)
+    else:
+        q = 0.7 * torch.eye(15, dtype=torch.float64)
+    eta = 0.5
+
+    def answer(theta, step):
+        th = _flat(theta).double()
+        start = th.clone()
+        for _ in range(local_steps):
+            th = th - eta * q @ (th - target)
+        d = (th - start).float()
+        return {"w": d[:12].view(3, 4), "b": d[12:]}
+
+    v0 = torch.zeros(4)
+    a = torch.autograd.functional.jacobian(lambda v: _flat(net.generate(v, names)), v0).double()
+    c = _flat(net.generate(v0, names)).detach().double()
+    if local_steps == 1:
+        want = torch.linalg.solve(eta * a.T @ q @ a + weight_decay * torch.eye(4, dtype=torch.float64),
+                                  eta * a.T @ q @ (target - c))
+    else:
+        want = torch.linalg.lstsq(a, target - c).solution
+    v, info = hn.fit_embedding(net, v0, names, answer, lr=0.05, momentum=0.9, weight_decay=weight_decay,
+                               max_grad_norm=50.0, max_steps=20000, tol=1e-9, window=10)
+    assert info["converged"] and info["steps"] < 20000
+    torch.testing.assert_close(v.double(), want, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(v.double(), torch.zeros(4, dtype=torch.float64), atol=1e-2)  # it did move
+
+
+def test_fit_embedding_steps_are_torch_sgd_with_decay_momentum_and_clipping():
+    net, names = _affine_hypernet(), ["w", "b"]
+    delta = {"w": torch.full((3, 4), 2.0), "b": torch.ones(3)}
+    v0 = torch.randn(4, generator=torch.Generator().manual_seed(3))
+    v_ref = torch.nn.Parameter(v0.clone())
+    opt = torch.optim.SGD([v_ref], lr=0.1, momentum=0.9, weight_decay=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        v_ref.grad = hn.embedding_grad(net, v_ref.detach(), names, delta)
+        torch.nn.utils.clip_grad_norm_([v_ref], 0.3)
+        opt.step()
+    v, info = hn.fit_embedding(net, v0, names, lambda th, s: delta, lr=0.1, momentum=0.9, weight_decay=0.01,
+                               max_grad_norm=0.3, max_steps=3)
+    torch.testing.assert_close(v, v_ref.detach(), rtol=1e-5, atol=1e-6)
+    assert info == {"steps": 3, "converged": False, "drift": float("inf")}
+
+
+def test_novel_fit_one_step_is_the_chain_rule_gradient_of_the_clients_loss(fed):
+    """K = 1, plain SGD, a full-batch client: v_new <- v_new - alpha * eta * grad_v CE(f(x; h(v_new; phi)))."""
+    env, eta, alpha = _env(), 0.05, 0.5
+    cfg = _plain(local_steps=1, lr=eta, server_lr=alpha, batch_size=64, rounds=2)
+    train = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    client = fed.clients[7]  # the 30 clients again, as novel ones: rows 30..59
+    ncfg = dataclasses.replace(cfg, train_hypernet=False, novel_max_steps=1)
+    state = pfedhn.novel_client_algorithm(train.state, 30).init(None, fed, ncfg, env)
+    new, _, info = pfedhn.fit_novel_embedding(state, client, None, ncfg, env)
+    assert info["steps"] == 1
+    net, row = _net(state), state["rows"][7]
+    assert row == 37
+    x, y = client.tensors("train")
+    assert len(y) < 64
+    v = state["hnet"]["embeddings"][row].clone().requires_grad_(True)
+    loss = F.cross_entropy(functional_call(env.model_fn(), net.generate(v), (x,)), y)
+    (g,) = torch.autograd.grad(loss, [v])
+    torch.testing.assert_close(new["hnet"]["embeddings"][row], v.detach() - alpha * eta * g, rtol=1e-4, atol=1e-6)
+    for k, t in state["hnet"].items():  # phi and every other row stay
+        if k != "embeddings":
+            assert torch.equal(new["hnet"][k], t)
+    keep = torch.ones(len(t := state["hnet"]["embeddings"]), dtype=torch.bool)
+    keep[row] = False
+    assert torch.equal(new["hnet"]["embeddings"][keep], t[keep])
+
+
+def test_fit_novel_clients_converges_by_default_and_keeps_the_old_budget_as_an_option(fed):
+    env, cfg = _env(), _cfg(rounds=4)
+    train = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    novel_fed = build_federation(digits_dataset(), "pathological", 2, seed=3, classes_per_client=2)
+    assert PFEDHN.make_config({}).novel_fit == "converge"
+    conv = pfedhn.fit_novel_clients(train.state, novel_fed, dataclasses.replace(cfg, novel_max_steps=40,
+                                                                                novel_window=5), env)
+    assert conv.status == "ok" and sorted(conv.per_client) == [0, 1]
+    assert [h["client"] for h in conv.history] == [0, 1] and all(1 <= h["steps"] <= 40 for h in conv.history)
+    emb = conv.state["hnet"]["embeddings"]
+    assert emb.shape[0] == 32 and torch.equal(emb[:30], train.state["hnet"]["embeddings"])
+    for k, v in train.state["hnet"].items():
+        if k != "embeddings":
+            assert torch.equal(conv.state["hnet"][k], v)
+    old = pfedhn.fit_novel_clients(train.state, novel_fed, dataclasses.replace(cfg, novel_fit="rounds",
+                                                                               novel_rounds=3, fraction=1.0), env)
+    assert len(old.history) == 3 and old.history[0]["round"] == 1  # run_rounds' history: Alg. 1 rounds
+    mean = train.state["hnet"]["embeddings"].mean(0)
+    # the converged fit moves the new embeddings further from their start than 3 rounds do
+    assert (emb[30:] - mean).norm() > (old.state["hnet"]["embeddings"][30:] - mean).norm()
+
+
+@pytest.mark.parametrize("key,value", [("novel_fit", "once"), ("novel_max_steps", 0), ("novel_tol", -1.0),
+                                       ("novel_window", 0), ("novel_rounds", -1)])
+def test_bad_novel_settings_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        PFEDHN.make_config({key: value})

@@ -30,13 +30,47 @@ def test_subfederation_and_novel_tv():
     train, novel = subfederation(fed, range(9)), subfederation(fed, [9, 10, 11])
     assert [c.id for c in novel.clients] == [0, 1, 2]
     assert np.array_equal(novel.clients[0].splits["train"], fed.clients[9].splits["train"])
-    dist, idx = novel_tv(train, novel)
+    dist, idx = novel_tv(train, novel, basis="labels")
     h_n, h_t = novel.histograms(), train.histograms()
     for j in range(3):
         hand = [0.5 * np.abs(h_n[j] / h_n[j].sum() - h / h.sum()).sum() for h in h_t]
         assert dist[j] == pytest.approx(min(hand)) and idx[j] == int(np.argmin(hand))
+    # the default, p_hat: each client's share of every class over all 12 clients (sec. 5.3)
+    dist, idx = novel_tv(train, novel)
+    h_all = fed.histograms()
+    p_hat = h_all / h_all.sum(0)
+    for j in range(3):
+        hand = [0.5 * np.abs(p_hat[9 + j] - p_hat[i]).sum() for i in range(9)]
+        assert dist[j] == pytest.approx(min(hand)) and idx[j] == int(np.argmin(hand))
     with pytest.raises(ValueError, match="distinct client ids"):
         subfederation(fed, [0, 0])
+
+
+class _Hists:
+    """A federation as far as `novel_tv` looks: its clients' train label histograms."""
+
+    def __init__(self, h):
+        self.h = np.asarray(h)
+        self.num_clients = len(self.h)
+
+    def histograms(self, split="train"):
+        return self.h
+
+
+def test_novel_tv_on_p_hat_by_hand():
+    train, novel = _Hists([[2, 0], [1, 3]]), _Hists([[1, 0], [0, 1]])
+    # class totals over all four clients: (4, 4); p_hat rows: train (.5, 0), (.25, .75); novel (.25, 0), (0, .25)
+    # novel 0: TV = 1/2 (.25 + 0) = .125 to train 0, 1/2 (0 + .75) = .375 to train 1
+    # novel 1: TV = 1/2 (.5 + .25) = .375 to train 0, 1/2 (.25 + .5) = .375 to train 1 -> first (0)
+    dist, idx = novel_tv(train, novel)
+    np.testing.assert_allclose(dist, [0.125, 0.375])
+    assert idx.tolist() == [0, 0]
+    # the label-distribution TV of the older option differs: novel 0 = (1, 0) equals train 0's labels
+    dist, idx = novel_tv(train, novel, basis="labels")
+    np.testing.assert_allclose(dist, [0.0, 0.25])
+    assert idx.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="basis"):
+        novel_tv(train, novel, basis="counts")
 
 
 def test_row_normalize_and_group_accuracy():
