@@ -168,6 +168,10 @@ plt.show()
 # global model is the FedAvg row and LG-FedAvg's start) and tests each client's final model on its own test
 # split. `resume=True` reuses any stage already finished in `out_dir` (the `cpu` preset takes a while).
 # MB/round counts what really travels: FedSelect sends only its shared entries (and its mask as bits).
+#
+# Every method makes 5 passes over its client's data per round (sec. 3: "we fix the number of local epochs
+# across all methods to 5"): FedRep 4 head epochs then 1 body epoch, LocalAlt (FedSelect, FedAlt) 5 passes
+# alternating personal / shared. FedRep and LG-FedAvg use their authors' learning rate, momentum and batch size.
 
 # %%
 results = {}

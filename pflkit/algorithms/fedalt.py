@@ -2,10 +2,15 @@
 
 The model is split by layer into shared parameters u and personal parameters v_k,
 fixed before training (FedSelect sec. 1: "require hand-selected partitioning ... choose
-u as only the input or output layers"). Each round a sampled client alternates
-(LocalAlt, as in FedSelect): per local epoch one pass updating v_k with u frozen,
-then one pass updating u with v_k frozen; it sends u, the server averages it by
-sample count and v_k stays on the client.
+u as only the input or output layers"). Each round a sampled client runs LocalAlt, as in
+FedSelect (`pflkit.algorithms.fedselect.local_alt`): full passes over its data that alternate
+between updating v_k with u frozen and updating u with v_k frozen, v_k first; it sends u, the
+server averages it by sample count and v_k stays on the client.
+
+How many passes (``alt_epoch``, as FedSelect's): FedSelect fixes "the number of local epochs
+across all methods to 5" (sec. 3), so by default (``"pass"``) ``local_epochs`` = 5 passes in
+all: v, u, v, u, v. ``alt_epoch="pair"`` makes each epoch a v pass then a u pass (10 passes
+for 5 epochs; the FedSelect authors' LocalAlt, and pflkit's behaviour before).
 
 ``split="head"`` (default) keeps the output layer personal (FedSelect's FedAlt row);
 ``split="input"`` keeps the first layer (the first module owning parameters) personal.
@@ -19,18 +24,20 @@ from dataclasses import dataclass
 from torch import nn
 
 from pflkit.algorithms.base import FLConfig, replace
-from pflkit.algorithms.fedselect import FEDSELECT, filled, finish_update, local_alt, receive
-from pflkit.config import one_of
+from pflkit.algorithms.fedselect import ALT_EPOCHS, FEDSELECT, filled, finish_update, local_alt, receive
+from pflkit.config import one_of, require
 from pflkit.fl.train import set_state
 from pflkit.models.introspect import head_param_names
 
 
 @dataclass(frozen=True)
 class FedAltConfig(FLConfig):
-    """Attributes: split (``"head"`` / ``"input"``), bn_stats (``"shared"`` / ``"local"``)."""
+    """Attributes: split (``"head"`` / ``"input"``), bn_stats (``"shared"`` / ``"local"``),
+    alt_epoch (``"pass"`` / ``"pair"``: what one of the ``local_epochs`` is; module docstring)."""
 
     fraction: float = 1.0
     local_epochs: int = 5
+    alt_epoch: str = "pass"
     split: str = "head"
     bn_stats: str = "shared"
 
@@ -38,6 +45,8 @@ class FedAltConfig(FLConfig):
         super().__post_init__()
         one_of("split", self.split, {"head", "input"})
         one_of("bn_stats", self.bn_stats, {"shared", "local"})
+        one_of("alt_epoch", self.alt_epoch, ALT_EPOCHS)
+        require(self.local_steps == 0, "local_steps", self.local_steps, "FedAlt trains by epochs; use 0")
 
 
 def personal_names(model: nn.Module, split: str) -> list[str]:

@@ -1,11 +1,21 @@
 """FedRep (Collins et al., 2021, "Exploiting shared representations for personalized FL").
 
 The body (representation) is shared, the head ``model.head`` is personal. Each round a
-sampled client loads the global body and its own head, trains **the head first** for
-``head_epochs`` with the body frozen, **then the body** for ``local_epochs`` with the
-head frozen, and sends the body; the server averages it by sample count (FedRep
-Alg. 1). FedRep's paper trains the head for 10 epochs and the representation for 1;
-FedSelect fixes 5 local epochs for every method, which we apply to the body.
+sampled client loads the global body and its own head, trains **the head first** with the
+body frozen, **then the body** with the head frozen, and sends the body; the server
+averages it by sample count (FedRep Alg. 1).
+
+**How many epochs of each** (``epoch_budget``). FedSelect sec. 3: "we fix the number of
+local epochs across all methods to 5. All other hyperparameters ... follow the recommended
+settings by the authors of the respective works." In FedRep's own code the number of local
+epochs counts both phases: of its ``local_ep`` epochs the last ``local_rep_ep`` (1 by default)
+train the body and the others the head (its paper's 10 head epochs + 1 body epoch are
+``local_ep`` = 11). So by default (``epoch_budget="total"``) ``local_epochs`` is the round's
+whole budget of passes over the client's data: ``local_epochs - body_epochs`` head epochs,
+then ``body_epochs`` body epochs (FedSelect's 5 with FedRep's 1: 4 head + 1 body), the same
+5 passes every other method of Table 1 makes. ``epoch_budget="separate"`` is pflkit's earlier
+reading: ``head_epochs`` head epochs, then ``local_epochs`` body epochs (10 + 5 = 15 passes);
+FedRep's own setting is ``separate`` with ``head_epochs=10, local_epochs=1``.
 
 Server, messages and evaluation are FedSelect's partial-model exchange
 (`pflkit.algorithms.fedselect`) with the head as a whole-tensor personal mask. A
@@ -24,18 +34,40 @@ from pflkit.models.introspect import head_param_names
 
 @dataclass(frozen=True)
 class FedRepConfig(FLConfig):
-    """Attributes: head_epochs (head-only epochs per round), local_epochs (body epochs), bn_stats."""
+    """FedRep's settings.
+
+    Attributes:
+        local_epochs: ``"total"``: the round's epochs, head and body together; ``"separate"``:
+            the body's epochs.
+        body_epochs: ``"total"`` only: how many of the ``local_epochs`` train the body (the last
+            ones; FedRep's ``local_rep_ep``).
+        head_epochs: ``"separate"`` only: head epochs before the ``local_epochs`` body epochs.
+        epoch_budget: ``"total"`` (default, module docstring) or ``"separate"``.
+        bn_stats: ``"shared"`` (averaged) or ``"local"`` BN running statistics.
+    """
 
     fraction: float = 1.0
     local_epochs: int = 5
+    body_epochs: int = 1
     head_epochs: int = 10
+    epoch_budget: str = "total"
     bn_stats: str = "shared"
 
     def __post_init__(self):
         super().__post_init__()
+        one_of("epoch_budget", self.epoch_budget, {"total", "separate"})
         require(self.head_epochs >= 0, "head_epochs", self.head_epochs, "must be >= 0")
+        require(self.body_epochs >= 0, "body_epochs", self.body_epochs, "must be >= 0")
+        require(self.epoch_budget == "separate" or self.body_epochs <= self.local_epochs, "body_epochs",
+                self.body_epochs, f"must be <= local_epochs ({self.local_epochs}) with epoch_budget='total'")
         require(self.local_steps == 0, "local_steps", self.local_steps, "FedRep trains by epochs; use 0")
         one_of("bn_stats", self.bn_stats, {"shared", "local"})
+
+    def phases(self) -> tuple[int, int]:
+        """(head epochs, body epochs) of one round."""
+        if self.epoch_budget == "total":
+            return self.local_epochs - self.body_epochs, self.body_epochs
+        return self.head_epochs, self.local_epochs
 
 
 def client_update(msg, client, client_state, cfg, env):
@@ -43,8 +75,9 @@ def client_update(msg, client, client_state, cfg, env):
     head = set(head_param_names(model))
     personal = {n: m | (n in head) for n, m in filled(model, False).items()}
     body = {n: ~m for n, m in personal.items()}
-    head_stats = masked_sgd(model, client, personal, cfg, env, cfg.head_epochs, ("head",))
-    body_stats = masked_sgd(model, client, body, cfg, env, cfg.local_epochs, ("body",))
+    head_epochs, body_epochs = cfg.phases()
+    head_stats = masked_sgd(model, client, personal, cfg, env, head_epochs, ("head",))
+    body_stats = masked_sgd(model, client, body, cfg, env, body_epochs, ("body",))
     loss = body_stats["loss"] if body_stats["samples"] else head_stats["loss"]
     return finish_update(model, client, personal, loss, cfg)
 

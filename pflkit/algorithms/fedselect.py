@@ -7,8 +7,8 @@ Each round, every sampled client k
 2. runs **GradLTN** (Alg. 1, `grad_ltn`) from theta_0 = theta_k^{t-1} to choose its
    personal mask m_k^t;
 3. runs **LocalAlt** (`local_alt`, Pillutla et al. 2022) from GradLTN's returned start:
-   each epoch one pass updating only the personal entries, then one pass updating
-   only the shared ones;
+   full passes over the client's data that alternate between updating only the personal
+   entries and only the shared ones (how many: below);
 4. sends the values at its shared positions (and its mask) to the server, which
    averages every entry over the clients for which it is shared (`aggregate`,
    `pflkit.fl.aggregate.masked_mean`; an entry personal on every sampled client
@@ -35,6 +35,18 @@ each round the client runs LocalAlt with it, then, among the still-shared eligib
 the share p that moved most during that training becomes personal, until ``target`` (80%)
 of the eligible entries is personal (there p = 0.25 and ``scope="weights"``). The mask then
 only grows: 1 - (1 - p)^r after r rounds. GradLTN is not run; FedSelectv2 does not apply.
+
+**What "5 epochs of LocalAlt" is** (``alt_epoch``). Sec. 2.3.2: LocalAlt alternates "full
+passes of stochastic gradient descent between the two sets of parameters"; sec. 3: "5 epochs of
+personalized training via LocalAlt", and, for the comparison, "we fix the number of local epochs
+across all methods to 5". An epoch is one full pass over the client's data, so by default
+(``alt_epoch="pass"``) ``local_epochs`` E counts passes in all: personal, shared, personal, ...
+(ceil(E/2) personal and floor(E/2) shared passes; E = 5: 3 and 2), the same 5 passes every other
+method of Table 1 makes. The authors' code (papers/reference-implementations.md) makes each of its
+LocalAlt epochs a personal pass followed by a shared pass, 2E passes for E epochs:
+``alt_epoch="pair"`` (pflkit's behaviour before this reading was settled). A part with no entries
+(the authors' schedule before its first growth) gives its passes to the other part under ``"pass"``,
+so the round still makes E passes; under ``"pair"`` such a pass is skipped.
 
 Iteration count: i = 0 trains every eligible entry, i = 1..L each select then train,
 so L selections and L + 1 training phases of E epochs. FedSelect returns theta_0
@@ -80,6 +92,7 @@ from pflkit.fl.aggregate import masked_mean, weighted_mean
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
 
 Mask = dict[str, torch.Tensor]  # parameter name -> bool tensor of its shape
+ALT_EPOCHS = {"pass", "pair"}  # what one LocalAlt epoch is (`alt_schedule`)
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,9 @@ class FedSelectConfig(FLConfig):
             candidates per iteration (module docstring).
         ltn_iterations: L, mask selections per GradLTN call.
         ltn_epochs: E, local epochs per GradLTN training phase.
-        local_epochs: LocalAlt epochs (each = a personal pass then a shared pass).
+        local_epochs: LocalAlt epochs E (``alt_epoch`` says what one is).
+        alt_epoch: ``"pass"`` (E passes in all, alternating personal / shared; FedSelect sec. 3)
+            or ``"pair"`` (each epoch a personal then a shared pass, 2E passes; the authors' code).
         start: ``"theta_0"`` (FedSelect) or ``"theta_L"`` (FedSelectv2).
         scope: ``"all"`` parameters eligible, or ``"weights"`` (conv / linear weights only).
         ranking: ``"global"`` (one ranking over all eligible entries) or ``"layer"``.
@@ -103,6 +118,7 @@ class FedSelectConfig(FLConfig):
 
     fraction: float = 1.0
     local_epochs: int = 5
+    alt_epoch: str = "pass"
     personalization_rate: float = 0.5
     ltn_iterations: int = 5
     ltn_epochs: int = 5
@@ -127,6 +143,7 @@ class FedSelectConfig(FLConfig):
         one_of("scope", self.scope, {"all", "weights"})
         one_of("ranking", self.ranking, {"global", "layer"})
         one_of("bn_stats", self.bn_stats, {"shared", "local"})
+        one_of("alt_epoch", self.alt_epoch, ALT_EPOCHS)
 
 
 @dataclass(frozen=True)
@@ -283,19 +300,37 @@ def grad_ltn(model: nn.Module, client, cfg: FedSelectConfig, env, names: list[st
     return LTNResult(get_state(model), cand, trace)
 
 
-def local_alt(model: nn.Module, client, personal: Mask, cfg: FLConfig, env) -> dict:
-    """LocalAlt: per epoch one pass over the personal entries, then one over the shared ones.
+def alt_schedule(epochs: int, unit: str = "pass") -> list[tuple[tuple, str]]:
+    """LocalAlt's passes over the client's data, in order, as (generator key, part) pairs.
 
-    ``personal`` must cover every parameter (True = personal). Returns the mean loss.
+    ``unit="pass"`` (FedSelect sec. 3, every method's 5 local epochs): ``epochs`` passes in all,
+    personal first and then alternating. ``unit="pair"`` (the authors' code): each epoch is a
+    personal pass then a shared pass. The keys of ``"pair"`` are those pflkit always used.
     """
-    shared = {n: ~m for n, m in personal.items()}
-    losses = []
-    for e in range(cfg.local_epochs):
-        for part, mask in (("personal", personal), ("shared", shared)):
-            stats = masked_sgd(model, client, mask, cfg, env, 1, ("alt", e, part))
-            if stats["samples"]:
-                losses.append(stats["loss"])
-    return {"loss": float(np.mean(losses)) if losses else math.nan}
+    one_of("alt_epoch", unit, ALT_EPOCHS)
+    if unit == "pair":
+        return [(("alt", e, part), part) for e in range(epochs) for part in ("personal", "shared")]
+    return [(("alt", "pass", j), ("personal", "shared")[j % 2]) for j in range(epochs)]
+
+
+def local_alt(model: nn.Module, client, personal: Mask, cfg: FLConfig, env) -> dict:
+    """LocalAlt (sec. 2.3.2): full passes alternating between the personal and the shared entries.
+
+    ``personal`` must cover every parameter (True = personal); ``cfg.alt_epoch`` and
+    ``cfg.local_epochs`` give the passes (`alt_schedule`, module docstring). Returns the mean
+    loss and the passes made on each part.
+    """
+    masks = {"personal": personal, "shared": {n: ~m for n, m in personal.items()}}
+    filled_parts = [part for part, mask in masks.items() if any(bool(m.any()) for m in mask.values())]
+    losses, passes = [], {"personal": 0, "shared": 0}
+    for key, part in alt_schedule(cfg.local_epochs, cfg.alt_epoch):
+        if cfg.alt_epoch == "pass" and len(filled_parts) == 1:
+            part = filled_parts[0]  # nothing to alternate with: the pass goes to the only part
+        stats = masked_sgd(model, client, masks[part], cfg, env, 1, key)
+        if stats["samples"]:
+            losses.append(stats["loss"])
+            passes[part] += 1
+    return {"loss": float(np.mean(losses)) if losses else math.nan, "passes": passes}
 
 
 # ---------------------------------------------------------------------------------------------

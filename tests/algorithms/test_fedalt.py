@@ -46,3 +46,7 @@ def test_registry_and_bad_settings():
     assert ALGORITHMS["fedalt"] is FEDALT
     with pytest.raises(ConfigError, match="split"):
         FEDALT.make_config({"split": "tail"})
+    with pytest.raises(ConfigError, match="^alt_epoch='epoch'"):
+        FEDALT.make_config({"alt_epoch": "epoch"})
+    with pytest.raises(ConfigError, match="^local_steps=3"):
+        FEDALT.make_config({"local_steps": 3})

@@ -31,9 +31,9 @@ def _update(setup, **kw):
 
 def test_head_first_then_body(setup):
     _, _, init = setup
-    _, both = _update(setup, head_epochs=2, local_epochs=1)
-    _, head_only = _update(setup, head_epochs=2, local_epochs=0)
-    _, body_only = _update(setup, head_epochs=0, local_epochs=1)
+    _, both = _update(setup, local_epochs=3, body_epochs=1)  # 2 head epochs, then 1 body epoch
+    _, head_only = _update(setup, local_epochs=2, body_epochs=0)
+    _, body_only = _update(setup, local_epochs=1, body_epochs=1)
     w, h, b = both["weights"], head_only["weights"], body_only["weights"]
     # the body phase leaves the head as the head phase made it, and the head phase never touches the body
     assert torch.equal(w["head.weight"], h["head.weight"]) and not torch.equal(h["head.weight"], init["head.weight"])
@@ -45,13 +45,30 @@ def test_head_first_then_body(setup):
 
 def test_only_the_body_travels(setup):
     _, _, init = setup
-    upd, _ = _update(setup, head_epochs=1, local_epochs=1)
+    upd, _ = _update(setup, local_epochs=2, body_epochs=1)
     assert "head.weight" not in upd.payload["values"] and "head.bias" not in upd.payload["values"]
     head = (init["head.weight"].numel() + init["head.bias"].numel()) * 4
     assert nbytes(upd.payload) == sum(v.numel() * v.element_size() for v in init.values()) - head
+
+
+def test_separate_budget_is_the_earlier_reading(setup):
+    """``epoch_budget="separate"``: head_epochs head epochs, then local_epochs body epochs."""
+    _, total = _update(setup, local_epochs=3, body_epochs=1)
+    _, separate = _update(setup, epoch_budget="separate", head_epochs=2, local_epochs=1, body_epochs=4)
+    assert all(torch.equal(total["weights"][k], separate["weights"][k]) for k in total["weights"])
+
+
+def test_phases_by_definition():
+    assert FEDREP.make_config({}).phases() == (4, 1)  # FedSelect's 5 local epochs, FedRep's 1 body epoch
+    assert FEDREP.make_config({"local_epochs": 11}).phases() == (10, 1)  # FedRep's own 10 + 1
+    assert FEDREP.make_config({"epoch_budget": "separate"}).phases() == (10, 5)
 
 
 def test_registry_and_bad_settings():
     assert ALGORITHMS["fedrep"] is FEDREP
     with pytest.raises(ConfigError, match="head_epochs"):
         FEDREP.make_config({"head_epochs": -1})
+    with pytest.raises(ConfigError, match="^body_epochs=6"):
+        FEDREP.make_config({"local_epochs": 5, "body_epochs": 6})
+    with pytest.raises(ConfigError, match="^epoch_budget='both'"):
+        FEDREP.make_config({"epoch_budget": "both"})

@@ -7,8 +7,8 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.base import Env, Update
 from pflkit.algorithms.fedselect import (
-    FEDSELECT, FEDSELECT_V2, aggregate, broadcast, decode_mask, eligible_names, encode_mask, filled, grad_ltn,
-    keep_largest, local_alt, masked_sgd, personalized_state, receive, to_sparse,
+    FEDSELECT, FEDSELECT_V2, aggregate, alt_schedule, broadcast, decode_mask, eligible_names, encode_mask, filled,
+    grad_ltn, keep_largest, local_alt, masked_sgd, personalized_state, receive, to_sparse,
 )
 from pflkit.config import ConfigError
 from pflkit.fl.federation import build_federation
@@ -88,7 +88,7 @@ def test_frozen_entries_do_not_move_during_gradltn(fed):
 def test_local_alt_passes_move_only_their_part(fed):
     env = digits_env()
     model = _model(env)
-    cfg = _cfg()
+    cfg = _cfg(local_epochs=2)  # one personal pass, then one shared pass
     gen = torch.Generator().manual_seed(0)
     personal = {n: torch.rand(p.shape, generator=gen) < 0.3 for n, p in model.named_parameters()}
     shared = {n: ~m for n, m in personal.items()}
@@ -104,6 +104,34 @@ def test_local_alt_passes_move_only_their_part(fed):
     assert math.isfinite(stats["loss"])
     after = get_state(model)
     assert all(any((after[n] != before[n])[m].any() for n, m in part.items()) for part in (personal, shared))
+
+
+def test_alt_schedule_by_hand():
+    """"5 epochs of LocalAlt": 5 passes alternating personal / shared, or (authors' code) 5 pairs."""
+    assert [part for _, part in alt_schedule(5, "pass")] == ["personal", "shared"] * 2 + ["personal"]
+    assert [part for _, part in alt_schedule(2, "pair")] == ["personal", "shared"] * 2
+    assert [key for key, _ in alt_schedule(2, "pair")] == [("alt", 0, "personal"), ("alt", 0, "shared"),
+                                                          ("alt", 1, "personal"), ("alt", 1, "shared")]
+    assert len({key for key, _ in alt_schedule(5, "pass")}) == 5  # every pass its own batch order
+    assert alt_schedule(0, "pass") == []
+    with pytest.raises(ConfigError, match="alt_epoch"):
+        alt_schedule(1, "epoch")
+    with pytest.raises(ConfigError, match="^alt_epoch='epoch'"):
+        FEDSELECT.make_config({"alt_epoch": "epoch"})
+
+
+@pytest.mark.parametrize("unit, expected", [("pass", {"personal": 3, "shared": 2}),
+                                            ("pair", {"personal": 5, "shared": 5})])
+def test_local_alt_pass_counts(fed, unit, expected):
+    env = digits_env()
+    model = _model(env)
+    personal = {n: torch.full(p.shape, n.startswith("head"), dtype=torch.bool) for n, p in model.named_parameters()}
+    stats = local_alt(model, fed.clients[0], personal, _cfg(local_epochs=5, alt_epoch=unit), env)
+    assert stats["passes"] == expected
+    # a part without entries: under "pass" its passes go to the other part, under "pair" they are skipped
+    nobody = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in model.named_parameters()}
+    stats = local_alt(model, fed.clients[0], nobody, _cfg(local_epochs=5, alt_epoch=unit), env)
+    assert stats["passes"] == {"personal": 0, "shared": 5}
 
 
 def test_keep_largest_by_hand():
