@@ -1,4 +1,4 @@
-"""Command line: ``pflkit list | run | demo | notebooks | data pack``."""
+"""Command line: ``pflkit list | run | demo | notebooks | reproduce | data pack``."""
 from __future__ import annotations
 
 import argparse
@@ -98,6 +98,28 @@ def _cmd_notebooks(args) -> int:
     return 0
 
 
+def _cmd_reproduce(args) -> int:
+    """The whole catalog in one resumable batch (`pflkit.reproduce`), or with --report the report only."""
+    if args.report:
+        from pflkit.report.reproduction import write_report
+
+        path = write_report(args.results, args.output, presets=[args.preset] if args.preset else None)
+        print(f"wrote {path}")
+        return 0
+    import time
+
+    from pflkit.reproduce import FAILED, format_summary, reproduce
+
+    t0 = time.perf_counter()
+    outcomes = reproduce(args.preset or "cpu", paper=args.paper, only=args.only, results_dir=args.results,
+                         work_dir=args.work, overrides=args.set or [], data_root=args.data_root,
+                         download=args.download, device=args.device, notebooks=not args.no_notebooks,
+                         force=args.force, code_check=not args.no_code_check, progress=not args.quiet)
+    print(format_summary(outcomes, time.perf_counter() - t0))
+    print(f"compact results: {args.results}/{args.preset or 'cpu'}/; the report: pflkit reproduce --report")
+    return 3 if any(o.status == FAILED for o in outcomes) else 0
+
+
 def _cmd_pack(args) -> int:
     from pflkit.data.pack import pack
 
@@ -144,6 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figures", action="store_true",
                    help="write figures to the repository's figures/ (default: under each notebook's --out)")
     p.set_defaults(fn=_cmd_notebooks)
+    p = sub.add_parser("reproduce", help="every experiment in one resumable batch -> results/PRESET/*.json; "
+                       "--report writes REPRODUCTION.md")
+    p.add_argument("--preset", choices=["smoke", "cpu", "paper"],
+                   help="sizes (default: cpu; with --report: every preset found)")
+    p.add_argument("--paper", help="only this paper's experiments (fedl2p, pfedhn, fedselect, pfedvem, tutorials)")
+    p.add_argument("--only", metavar="PATTERN", help="experiment names: comma-separated globs or substrings")
+    p.add_argument("--results", default="results", help="compact results folder (default: results)")
+    p.add_argument("--work", help="full run folders, kept for resuming (default: runs/reproduce/PRESET)")
+    p.add_argument("--no-notebooks", action="store_true", help="do not execute the notebooks afterwards")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting of every experiment")
+    p.add_argument("--force", action="store_true", help="rerun experiments whose result is up to date")
+    p.add_argument("--no-code-check", action="store_true",
+                   help="keep results made by other code (only a changed configuration reruns)")
+    p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
+    p.add_argument("--download", action="store_true", help="download missing datasets into the cache")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N or mps")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true", help="only write the reproduction report from --results")
+    p.add_argument("--output", default="REPRODUCTION.md", help="the report's path (default: REPRODUCTION.md)")
+    p.set_defaults(fn=_cmd_reproduce)
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True)
     q = dsub.add_parser("pack", help="write a dataset as an offline .npz")

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -152,3 +153,8 @@ def locked_folder(folder: str | os.PathLike) -> Iterator[Path]:
         yield folder
     finally:
         f.close()
+
+
+def slug(label: str) -> str:
+    """A file-name-safe form of a method label: 'FT (BN C)' -> 'ft-bn-c'."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "method"

@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import platform
-import re
 import shutil
 import subprocess
 import time
@@ -51,17 +50,12 @@ from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageC
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import get_state, set_state
-from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, write_json
+from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, slug, write_json
 from pflkit.models import build_model
 from pflkit.pretraining import (carry_weights, check_imagenet_weights, check_pretrain_fits, client_data,
                                 load_pretrain_data, load_start_weights, pretrain_provenance)
 
 log = logging.getLogger(__name__)
-
-
-def slug(label: str) -> str:
-    """A file-name-safe form of a method label: 'FT (BN C)' -> 'ft-bn-c'."""
-    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "method"
 
 
 def version_info() -> dict:

@@ -1,0 +1,425 @@
+"""`pflkit reproduce`: the resumable batch, compact results, the reproduction report and the claim checks.
+
+The batch tests run a catalog of two tiny experiment files written here (sklearn digits, 3 clients, one
+round; and the same on CIFAR-100, which is not available offline), so they take seconds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pflkit import reproduce as rp
+from pflkit.cli import main
+from pflkit.report import claims as cl
+from pflkit.report import compact as cp
+from pflkit.report.reproduction import build_report
+
+TINY = """\
+[experiment]
+paper = "tiny"
+table = "Table 1"
+title = "{title}"
+
+[data]
+dataset = "{dataset}"
+scheme = "dirichlet"
+num_clients = 3
+
+[data.partition]
+alpha = 1.0
+
+[model]
+name = "digits_cnn"
+
+[pretrain]
+label = "Global"
+algorithm = "fedavg"
+rounds = 1
+fraction = 1.0
+lr = 0.05
+batch_size = 32
+local_epochs = 1
+eval_every = 0
+keep_best = false
+
+[methods."FT (BN C)"]
+algorithm = "finetune"
+bn = "client"
+epochs = {epochs}
+lr = 0.01
+batch_size = 32
+
+[published]
+"Global" = 12.5
+"FT (BN C)" = {ft_published}
+"""
+
+
+def write_tiny(folder: Path, name: str, dataset: str = "digits", epochs: int = 1, ft_published: float = 87.25):
+    path = folder / "tiny" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TINY.format(title=f"{dataset}, 3 clients, one round", dataset=dataset, epochs=epochs,
+                                ft_published=ft_published))
+    return path
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """One batch over the tiny catalog (done + not run), shared by the tests that only read its output."""
+    root = tmp_path_factory.mktemp("reproduce")
+    catalog = root / "catalog"
+    write_tiny(catalog, "tiny_digits")
+    write_tiny(catalog, "tiny_cifar100", dataset="cifar100")
+    kw = dict(results_dir=root / "results", work_dir=root / "work", catalog=catalog, notebooks=False, progress=False)
+    outcomes = rp.reproduce("smoke", **kw)
+    return {"root": root, "catalog": catalog, "kw": kw, "outcomes": {o.name: o for o in outcomes}}
+
+
+def by_name(outcomes):
+    return {o.name: o for o in outcomes}
+
+
+def test_batch_runs_and_reports_missing_data_as_not_run(batch):
+    out = batch["outcomes"]
+    assert out["tiny_digits"].status == "done", out["tiny_digits"]
+    assert out["tiny_cifar100"].status == "not run" and out["tiny_cifar100"].reason == "data missing: cifar100"
+    assert not (batch["root"] / "work" / "tiny_cifar100").exists()  # nothing left behind
+    status = json.loads((batch["root"] / "results" / "smoke" / "_status.json").read_text())
+    assert status["tiny_cifar100"]["status"] == "not run"
+    summary = rp.format_summary(list(out.values()), 3.0)
+    assert "1 done, 0 skipped, 1 not run, 0 failed" in summary and "data missing: cifar100" in summary
+
+
+def test_compact_result_holds_what_the_report_needs_and_no_checkpoints(batch):
+    path = batch["root"] / "results" / "smoke" / "tiny_digits.json"
+    res = json.loads(path.read_text())
+    full = json.loads((batch["root"] / "work" / "tiny_digits" / "results.json").read_text())
+    assert res["methods"] == full["methods"]  # summary, per-seed and per-client accuracies, as the run wrote them
+    assert len(res["methods"]["FT (BN C)"]["per_client"][0]) == 3
+    assert res["methods"]["FT (BN C)"]["published"] == 87.25
+    assert set(res["history"]) == {"Global", "FT (BN C)"} and res["history"]["Global"]["seed0"][0]["round"] == 1
+    assert res["config"] == full["config"] and res["preset"] == "smoke" and res["deviations"] == []
+    assert res["fingerprint"]["code"] == rp.code_version() and res["version"]["pflkit"]
+    f = res["data"]["files"][0]
+    assert len(f["sha256"]) == 64 and "path" not in f and f["file"] == "digits.csv.gz"
+    assert res["command"] == "pflkit reproduce --preset smoke --only tiny_digits"
+    assert path.stat().st_size < 20_000 and ".pt" not in path.read_text()
+
+
+def test_second_batch_skips_a_changed_config_reruns_and_an_interrupted_run_resumes(batch):
+    kw, catalog = batch["kw"], batch["catalog"]
+    # published numbers are documentation: a new one is copied into the result, nothing reruns
+    write_tiny(catalog, "tiny_digits", ft_published=90.5)
+    again = by_name(rp.reproduce("smoke", **kw))
+    assert again["tiny_digits"].status == "skipped" and again["tiny_cifar100"].status == "not run"
+    compact = kw["results_dir"] / "smoke" / "tiny_digits.json"
+    assert json.loads(compact.read_text())["methods"]["FT (BN C)"]["published"] == 90.5
+    # a changed setting reruns it (from scratch: the work folder's run had other settings)
+    write_tiny(catalog, "tiny_digits", epochs=2, ft_published=90.5)
+    again = by_name(rp.reproduce("smoke", only="digits", **kw))
+    assert set(again) == {"tiny_digits"} and again["tiny_digits"].status == "done"
+    assert json.loads(compact.read_text())["config"]["methods"][0]["epochs"] == 2
+    # stopped mid-run: the finished stage is kept, the missing one runs, the numbers are the same
+    seed = kw["work_dir"] / "tiny_digits" / "seed0"
+    before, stamp = json.loads(compact.read_text())["methods"], (seed / "global.json").stat().st_mtime_ns
+    compact.unlink()
+    (seed / "ft-bn-c.json").unlink()
+    again = by_name(rp.reproduce("smoke", only="tiny_digits", **kw))
+    assert again["tiny_digits"].status == "done"
+    assert (seed / "global.json").stat().st_mtime_ns == stamp
+    assert json.loads(compact.read_text())["methods"] == before
+
+
+def test_a_code_change_makes_a_result_stale(batch, monkeypatch):
+    from pflkit.experiments import resolve
+
+    compact = batch["kw"]["results_dir"] / "smoke" / "tiny_digits.json"
+    cfg = resolve(batch["catalog"] / "tiny" / "tiny_digits.toml", "smoke")
+    code = json.loads(compact.read_text())["fingerprint"]["code"]
+    assert rp._up_to_date(compact, cfg, code) == (True, "up to date")
+    assert rp._up_to_date(compact, cfg, {**code, "source": "0" * 16}) == (False, "code changed")
+    assert rp._up_to_date(compact, cfg, None) == (True, "up to date")  # --no-code-check
+    monkeypatch.setattr(rp, "COMPACT_FORMAT", rp.COMPACT_FORMAT + 1)
+    assert rp._up_to_date(compact, cfg, code) == (False, "compact format changed")
+
+
+def test_code_version_ignores_comments_and_docstrings_not_code(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "report").mkdir(parents=True)
+    (pkg / "a.py").write_text('"""Doc."""\nx = 1  # one\n')
+    base = rp.code_version(pkg)
+    (pkg / "a.py").write_text('"""Other doc."""\n# a comment\nx = 1\n')
+    (pkg / "report" / "t.py").write_text("y = 2\n")  # not run code
+    assert rp.code_version(pkg) == base
+    (pkg / "a.py").write_text('"""Doc."""\nx = 2\n')
+    assert rp.code_version(pkg) != base
+
+
+def test_data_sources_lose_machine_folders():
+    src = "mnist: /work/shared/data/mnist.npz; mnist_m: /home/u/d/mnist_m_small.npz (subset); split 80/20"
+    assert cp._no_folders(src) == "mnist: mnist.npz; mnist_m: mnist_m_small.npz (subset); split 80/20"
+
+
+def test_selection_by_paper_and_pattern():
+    assert list(rp.select(only="demo")) == ["demo"]
+    fedselect = rp.select(paper="fedselect")
+    assert fedselect and all(n.startswith("fedselect_") for n in fedselect)
+    assert set(rp.select(only="fedselect_table1_s*,demo")) == {"fedselect_table1_s2", "fedselect_table1_s4", "demo"}
+    # a full name selects that experiment only (it is the command each compact result records)
+    assert set(rp.select(only="pfedhn_table1_c10_n10,demo")) == {"demo", "pfedhn_table1_c10_n10"}
+    assert {"pfedhn_table1_c10_n10", "pfedhn_table1_c10_n100"} <= set(rp.select(only="c10_n10"))  # a substring
+    with pytest.raises(Exception, match="no experiment matches"):
+        rp.select(only="no_such_experiment")
+
+
+def test_report_shows_published_and_measured_numbers(batch, tmp_path):
+    text = build_report(batch["kw"]["results_dir"], catalog=batch["catalog"])
+    res = json.loads((batch["kw"]["results_dir"] / "smoke" / "tiny_digits.json").read_text())
+    ours = f"{res['methods']['FT (BN C)']['acc_mean']:.2f}"
+    assert "## Preset `smoke`" in text and "#### Table 1" in text
+    assert f"**{ours}** / {res['methods']['FT (BN C)']['published']:g}" in text
+    assert "`tiny_cifar100` (not run)" in text and "data missing: cifar100" in text and "- / 87.25" in text
+    assert "Reproduce: `pflkit reproduce --preset smoke --only tiny_digits" in text
+    assert "### Claims" in text and "| **not run** |" in text
+    out = tmp_path / "REPRODUCTION.md"
+    assert main(["reproduce", "--report", "--results", str(batch["kw"]["results_dir"]), "--output", str(out)]) == 0
+    assert "Reproduction report" in out.read_text()
+
+
+def test_fedl2p_reports_are_summarized_with_beta_and_ari(tmp_path):
+    seed = tmp_path / "seed0"
+    seed.mkdir()
+    info = [{"domain": d} for d in (0, 0, 0, 1, 1, 1)]
+    np.savez(seed / "federation.npz", __info__=np.array(json.dumps(info)))
+    rows = [{"client": c, "beta": {"bn1": 0.1 * c, "bn2": 0.1 * c}, "sparsity": 0.0, "eta": {"w": 0.1},
+             "xi": [float(d["domain"]), 0.0], "features": [10.0 * d["domain"] + 0.01 * c, 1.0]}
+            for c, d in enumerate(info)]
+    (seed / "fedl2p.report.json").write_text(json.dumps(rows))
+    results = {"config": {"seed": 0, "seeds": 1}, "methods": {"FedL2P": {}, "FT (BN C)": {}}}
+    a = cp.analysis(tmp_path, results)
+    assert set(a) == {"FedL2P"}
+    assert a["FedL2P"]["beta_mean"] == pytest.approx(0.25)
+    assert a["FedL2P"]["seeds"][0]["beta_per_client"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    assert a["FedL2P"]["seeds"][0]["ari"]["features"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- claims on hand-made results
+
+def method(acc, published=None, status="ok"):
+    return {"status": status, "acc_mean": acc if status == "ok" else None, "published": published}
+
+
+def result(methods: dict, *, dataset="cifar10", scheme="dirichlet", beta=None, ari=None, alpha=0.5):
+    analysis = {}
+    if beta is not None or ari is not None:
+        analysis["FedL2P"] = {"beta_mean": beta, "seeds": [{"seed": 0, **({"ari": {"features": ari}} if ari else {})}]}
+    return {"methods": methods, "analysis": analysis,
+            "config": {"data": {"dataset": dataset, "scheme": scheme, "partition": {"alpha": alpha}}}}
+
+
+def fedl2p_row(fedl2p, ft_c, ft_g, **kw):
+    return result({"FT (BN C)": method(ft_c, 70.0), "FT (BN G)": method(ft_g, 75.0),
+                   "FedL2P": method(fedl2p, 76.0)}, **kw)
+
+
+@pytest.mark.parametrize("label_beta, feature_beta, verdict", [(0.05, 0.6, "holds"), (0.5, 0.6, "fails"),
+                                                               (0.05, 0.1, "fails"), (None, 0.6, "not run")])
+def test_claim_fedl2p_beta(label_beta, feature_beta, verdict):
+    res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=feature_beta)}
+    if label_beta is not None:
+        res["fedl2p_table2_a0p1_e5"] = fedl2p_row(70, 60, 65, beta=label_beta)
+    c = cl.fedl2p_beta_by_shift(res)
+    assert c.verdict == verdict, c
+    if verdict != "not run":
+        assert f"{label_beta:.2f}" in c.ours and f"{feature_beta:.2f}" in c.ours
+
+
+@pytest.mark.parametrize("fedl2p, verdict", [(80.0, "holds"), (79.5, "holds"), (78.0, "fails")])
+def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
+    res = {"fedl2p_table2_a0p1_e5": fedl2p_row(fedl2p, 70.0, 80.0), "fedl2p_table2_a1p0_e5": fedl2p_row(90, 85, 70)}
+    c = cl.fedl2p_matches_best_ft(res)
+    assert c.verdict == verdict, c
+    assert c.paper_value.endswith("in 2/2 rows")  # 76 >= 75 - 1 in both published rows
+    assert cl.fedl2p_matches_best_ft({"fedl2p_x": result({"FedL2P": method(80)})}).verdict == "not run"
+
+
+@pytest.mark.parametrize("ari, verdict", [(0.9, "holds"), (0.2, "fails"), (None, "not run")])
+def test_claim_lrnet_input_ari(ari, verdict):
+    res = {"fedl2p_analysis_digits": fedl2p_row(80, 70, 75, dataset="digit_domains", scheme="domains", ari=ari)}
+    c = cl.fedl2p_lrnet_input_ari(res)
+    assert c.verdict == verdict, c
+    assert "0.72" in c.paper_value  # Table 6, DomainNet alpha = 0.5, LRNet input
+
+
+@pytest.mark.parametrize("pc, verdict", [(88.0, "holds"), (86.5, "holds"), (85.5, "fails"), (None, "not run")])
+def test_claim_pfedhn_pc(pc, verdict):
+    methods = {"pFedHN": method(87.0, 88.38), "pFedHN-PC": method(pc, 90.08) if pc else method(None, 90.08, "diverged")}
+    assert cl.pfedhn_pc_matches({"pfedhn_table1_c10_n50": result(methods)}).verdict == verdict
+
+
+@pytest.mark.parametrize("hn, verdict", [(88.0, "holds"), (85.0, "fails")])
+def test_claim_pfedhn_beats_baselines_at_50_clients(hn, verdict):
+    methods = {"FedAvg": method(50.0, 47.79), "pFedMe": method(86.0, 86.09), "pFedHN": method(hn, 88.38),
+               "pFedHN-PC": method(99.0, 90.08)}  # its own variant is no baseline
+    res = {"pfedhn_table1_c10_n50": result(methods), "pfedhn_table1_c10_n10": result({"pFedHN": method(1.0)})}
+    c = cl.pfedhn_beats_baselines_n50(res)
+    assert c.verdict == verdict, c
+    assert c.paper_value == "pFedHN > best baseline in 1/1 rows"
+    assert cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n10": result(methods)}).verdict == "not run"
+    # an experiment not run yet (only its config): no verdict, but the paper's side is known
+    stub = {"config": {"published": {k: m["published"] for k, m in methods.items()}}}
+    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": stub})
+    assert c.verdict == "not run" and c.paper_value == "pFedHN > best baseline in 1/1 rows"
+
+
+@pytest.mark.parametrize("lg, iou, verdict", [(60.0, None, "holds"), (60.0, 0.4, "holds"), (90.0, None, "fails"),
+                                              (60.0, 1.0, "fails")])
+def test_claim_fedselect(lg, iou, verdict):
+    methods = {"FedAvg": method(33.0, 33.54), "LG-FedAvg": method(lg, 59.95),
+               "FedSelect (0.25)": method(84.0, 84.22), "FedSelect (0.50)": method(85.0, 85.64),
+               "FedSelect/code (0.25)": method(10.0)}  # not a paper row
+    res = result(methods)
+    if iou is not None:
+        res["analysis"] = {k: {"seeds": [{"seed": 0, "mask_iou": iou}]} for k in methods if k.startswith("FedSelect (")}
+    c = cl.fedselect_beats_fedavg_lg({"fedselect_table1_s2": res, "fedselect_table1_s4": result({})})
+    assert c.verdict == verdict, c
+    assert c.paper_value == "FedSelect above in 4/4 comparisons"
+    assert ("mask IoU not recorded" in c.reason) == (iou is None)
+    assert cl.fedselect_beats_fedavg_lg({}).verdict == "not run"
+
+
+@pytest.mark.parametrize("vem, verdict", [(62.0, "holds"), (55.0, "fails")])
+def test_claim_pfedvem_best(vem, verdict):
+    methods = {"FedAvg": method(52.0, 52.2), "pFedMAP": method(58.0, 58.8), "pFedVEM": method(vem, 62.6),
+               "pFedVEM (sampled only)": method(70.0)}  # its own variant is no rival
+    c = cl.pfedvem_best_under_drift({"pfedvem_table1_cifar100_n50": result(methods)})
+    assert c.verdict == verdict, c
+    assert cl.pfedvem_best_under_drift({"pfedhn_x": result(methods)}).verdict == "not run"
+
+
+def test_check_all_gives_one_verdict_per_claim():
+    out = cl.check_all({})
+    assert len(out) == len(cl.CLAIMS) and {c.verdict for c in out} == {"not run"}
+    assert {c.paper for c in out} == {"fedl2p", "pfedhn", "fedselect", "pfedvem"}
+
+
+# ----------------------------------------------------------------------------- CLI and notebooks (monkeypatched)
+
+def test_cli_passes_the_selection_prints_the_summary_and_fails_on_a_failure(monkeypatch, tmp_path, capsys):
+    seen = {}
+
+    def fake(preset, **kw):
+        seen.update(kw, preset=preset)
+        return [rp.Outcome("a", rp.DONE, "", 61.0), rp.Outcome("b", rp.SKIPPED, "up to date"),
+                rp.Outcome("c", rp.FAILED, "ValueError: boom", 2.0)]
+
+    monkeypatch.setattr(rp, "reproduce", fake)
+    argv = ["reproduce", "--preset", "smoke", "--paper", "fedselect", "--only", "s2", "--results", str(tmp_path),
+            "--no-notebooks", "--quiet", "--set", "seeds=1"]
+    assert main(argv) == 3  # a failed experiment: non-zero exit, the batch still ran to its end
+    out = capsys.readouterr().out
+    assert "reproduce: 1 done, 1 skipped, 0 not run, 1 failed" in out and "ValueError: boom" in out
+    assert "  done     a (1m01s)" in out and " b " not in out  # skipped ones are only counted
+    assert seen["preset"] == "smoke" and seen["paper"] == "fedselect" and seen["only"] == "s2"
+    assert seen["notebooks"] is False and seen["progress"] is False and seen["overrides"] == ["seeds=1"]
+    monkeypatch.setattr(rp, "reproduce", lambda preset, **kw: [rp.Outcome("a", rp.SKIPPED, "up to date")])
+    assert main(["reproduce", "--preset", "smoke", "--quiet"]) == 0
+
+
+def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
+    import papermill
+
+    import pflkit.notebooks as nbs
+
+    calls = []
+    monkeypatch.setattr(papermill, "inspect_notebook", lambda path: {"preset": {}, "results_root": {}})
+    monkeypatch.setattr(nbs, "run_notebooks", lambda *a, **kw: calls.append((a, kw)))
+    params = {"device": "cpu", "results_root": "/r", "data_root": "/d"}
+    stale = tmp_path / "notebooks" / "fedl2p" / "02_label_shift" / "run"  # what its previous execution left
+    stale.mkdir(parents=True)
+    (tmp_path / "notebooks" / "fedl2p" / "01_method").mkdir()
+    o = rp.run_notebook("fedl2p", "02_label_shift.ipynb", "smoke", tmp_path, params)
+    assert not stale.parent.exists() and (tmp_path / "notebooks" / "fedl2p" / "01_method").exists()
+    assert o.status == "done" and o.name == "notebooks/fedl2p/02_label_shift.ipynb"
+    (preset, folder, out, sent), kw = calls[0]
+    assert (preset, folder, sent) == ("smoke", "fedl2p", {"results_root": "/r"})
+    assert kw == {"only_names": ["02_label_shift.ipynb"], "figures_dir": None}  # smoke: not the repo's figures/
+    run_notebook_cpu = rp.run_notebook("fedl2p", "02_label_shift.ipynb", "cpu", tmp_path, params)
+    assert run_notebook_cpu.status == "done" and calls[1][1]["figures_dir"] == nbs.figures_root()
+
+    class CellError(Exception):  # what papermill raises: the failing cell's exception name and value
+        ename, evalue = "DatasetNotFoundError", "dataset 'sun397' was not found under /data"
+
+    def boom(*a, **kw):
+        raise CellError("cell 3")
+
+    monkeypatch.setattr(nbs, "run_notebooks", boom)
+    o = rp.run_notebook("pfedvem", "x.ipynb", "smoke", tmp_path, params)
+    assert (o.status, o.reason) == ("not run", "data missing: dataset 'sun397'")
+    CellError.ename, CellError.evalue = "ValueError", "bad\n  value"
+    o = rp.run_notebook("pfedvem", "x.ipynb", "smoke", tmp_path, params)
+    assert (o.status, o.reason) == ("failed", "ValueError: bad value")
+
+
+def test_batch_runs_the_selected_papers_notebooks_after_the_experiments(batch, monkeypatch):
+    order = []
+    monkeypatch.setattr(rp, "_safe_notebook_jobs", lambda outcomes: [("tiny", "a.ipynb"), ("other", "b.ipynb")])
+    monkeypatch.setattr(rp, "run_one", lambda cfg, *a, **kw: order.append(cfg.name) or rp.Outcome(cfg.name, rp.DONE))
+
+    def notebook(folder, name, preset, work, params):
+        order.append(f"{folder}/{name}")
+        assert params["results_root"] == str(Path(batch["kw"]["work_dir"]).resolve())
+        return rp.Outcome(f"notebooks/{folder}/{name}", rp.DONE)
+
+    monkeypatch.setattr(rp, "run_notebook", notebook)
+    inputs = {"text": "v1"}  # stands for the notebook's text (the real key also hashes the code and results)
+    monkeypatch.setattr(rp, "_notebook_key", lambda folder, name, preset, code, compacts:
+                        f"{inputs['text']} {folder}/{name} {[(c.name, c.stat().st_mtime_ns) for c in compacts]}")
+    kw = {**batch["kw"], "notebooks": True}
+    out = by_name(rp.reproduce("smoke", force=True, only="tiny_digits", **kw))
+    assert order == ["tiny_digits", "tiny/a.ipynb"]  # only the notebooks of the selected papers, last
+    assert out["notebooks/tiny/a.ipynb"].status == "done"
+    status = json.loads((batch["kw"]["results_dir"] / "smoke" / "_status.json").read_text())
+    assert not any(k.startswith("notebooks") for k in status)
+    # second invocation: the experiment and the notebook are up to date, nothing runs
+    out = by_name(rp.reproduce("smoke", only="tiny_digits", **kw))
+    assert order == ["tiny_digits", "tiny/a.ipynb"] and {o.status for o in out.values()} == {"skipped"}
+    inputs["text"] = "v2"  # the notebook changed: it runs again, the experiment does not
+    out = by_name(rp.reproduce("smoke", only="tiny_digits", **kw))
+    assert order[2:] == ["tiny/a.ipynb"] and out["tiny_digits"].status == "skipped"
+    done = json.loads((Path(batch["kw"]["work_dir"]) / "notebooks" / rp.NOTEBOOKS_DONE).read_text())
+    assert set(done) == {"tiny/a.ipynb"} and set(done["tiny/a.ipynb"]) == {"key", "seconds"}  # seconds: the estimate
+
+
+def test_progress_estimate_uses_each_experiments_last_time(tmp_path):
+    compact = tmp_path / "x.json"
+    assert rp._estimate(compact, {"x": {"seconds": 4.0}}, "x") == 4.0
+    assert rp._estimate(compact, {}, "x") is None
+    compact.write_text(json.dumps({"timing": {"wall_seconds": 12.5}}))
+    assert rp._estimate(compact, {"x": {"seconds": 4.0}}, "x") == 12.5
+    assert rp._duration(3725) == "1h02m05s" and rp._duration(65) == "1m05s" and rp._duration(4) == "4s"
+    # a job without a known time weighs the median of the known ones; none known: the bar counts jobs
+    assert rp._weights([None, 10.0, 30.0, None]) == [20.0, 10.0, 30.0, 20.0]
+    assert rp._weights([None, None]) == [1.0, 1.0] and rp._weights([]) == []
+
+
+def test_a_table_without_any_number_lists_its_rows_without_an_empty_matrix():
+    from pflkit.report.reproduction import table_section
+
+    stub = {"experiment": "x_fig", "paper": "x", "title": "A figure", "config": {"data": {"dataset": "digits"}}}
+    text = table_section("Fig. 9", [stub], {"x_fig": {"status": "not run", "reason": "data missing: y"}})
+    assert "| experiment" not in text and "`x_fig`: A figure. **Not run** (data missing: y)" in text
+
+
+def test_notebook_key_follows_the_results_of_its_paper(tmp_path):
+    compact = tmp_path / "fedselect_table1_s2.json"
+    key = lambda code=None: rp._notebook_key("fedselect", "01_fedselect.ipynb", "smoke", code, [compact])  # noqa: E731
+    missing = key()
+    compact.write_text(json.dumps({"fingerprint": {"config": "a", "code": None}, "methods": {}}))
+    first = key()
+    assert first != missing and key() == first
+    compact.write_text(json.dumps({"fingerprint": {"config": "b", "code": None}}))
+    assert key() != first and key({"source": "x"}) != key()
