@@ -465,6 +465,22 @@ def evaluate(state, client, client_state, cfg, env, split):
     return evaluate_model(model, client, split, device=env.device)
 
 
+def mask_report(state, fed, cfg, env, client_states) -> dict:
+    """The clients' final personal masks compared (Fig. 1): per client its personal share, and
+    ``mask_iou``, the mean over client pairs of |m_i AND m_j| / |m_i OR m_j| (1: every client keeps
+    the same entries personal; None with fewer than two trained clients)."""
+    ids = sorted(client_states)
+    masks = [torch.cat([(~m).flatten().cpu() for m in client_states[j]["travel"].values()]) for j in ids]
+    pairs = []
+    for a in range(len(masks)):
+        for b in range(a + 1, len(masks)):
+            union = int((masks[a] | masks[b]).sum())
+            pairs.append(1.0 if union == 0 else int((masks[a] & masks[b]).sum()) / union)
+    share = {j: float(m.float().mean()) for j, m in zip(ids, masks)}
+    return {"personal_share": [share.get(j) for j in range(fed.num_clients)],
+            "mask_iou": float(np.mean(pairs)) if pairs else None}
+
+
 def finish_update(model, client, personal: Mask, loss: float, cfg) -> tuple[Update, dict]:
     """Package a client's round: payload of shared entries, client state, metrics."""
     weights = get_state(model)
@@ -516,7 +532,7 @@ def client_update(msg, client, client_state, cfg, env):
 FEDSELECT = Algorithm(
     name="fedselect", label="FedSelect", config=FedSelectConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"],
+    global_model=lambda state: state["weights"], report=mask_report,
 )
 
 FEDSELECT_V2 = replace(FEDSELECT, name="fedselect_v2", label="FedSelectv2", config=FedSelectV2Config)

@@ -8,7 +8,7 @@ from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.base import Env, Update
 from pflkit.algorithms.fedselect import (
     FEDSELECT, FEDSELECT_V2, aggregate, alt_schedule, broadcast, decode_mask, eligible_names, encode_mask, filled,
-    grad_ltn, keep_largest, local_alt, masked_sgd, personalized_state, receive, to_sparse,
+    grad_ltn, keep_largest, local_alt, mask_report, masked_sgd, personalized_state, receive, to_sparse,
 )
 from pflkit.config import ConfigError
 from pflkit.fl.federation import build_federation
@@ -287,3 +287,20 @@ def test_resumed_run_matches_an_uninterrupted_one(fed, tmp_path):
     for k, v in straight.state["weights"].items():
         assert torch.equal(resumed.state["weights"][k], v)
     assert [c["correct"] for c in resumed.per_client.values()] == [c["correct"] for c in straight.per_client.values()]
+
+
+def test_mask_report_mean_pairwise_iou_by_hand():
+    # personal = ~travel; client 0 keeps {0, 1} personal, client 1 {1, 2}, client 2 {1, 2}
+    def state(personal):
+        m = torch.zeros(4, dtype=torch.bool)
+        m[list(personal)] = True
+        return {"travel": {"w": ~m[:3], "b": ~m[3:]}}
+
+    class Fed:
+        num_clients = 4
+
+    rep = mask_report({}, Fed, None, None, {0: state({0, 1}), 1: state({1, 2}), 2: state({1, 2})})
+    # IoU(0,1) = |{1}| / |{0,1,2}| = 1/3, IoU(0,2) = 1/3, IoU(1,2) = 1
+    assert rep["mask_iou"] == pytest.approx((1 / 3 + 1 / 3 + 1) / 3)
+    assert rep["personal_share"] == [0.5, 0.5, 0.5, None]
+    assert mask_report({}, Fed, None, None, {0: state({0})})["mask_iou"] is None
