@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.data.base import to_float
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.federation import build_federation

@@ -75,7 +75,7 @@ def measure(method: str, num_clients: int, width: int) -> dict:
     import torch
 
     from pflkit.algorithms import get_algorithm
-    from pflkit.algorithms.base import Env
+    from pflkit.fl.algorithm import Env
     from pflkit.models import build_model
 
     torch.set_num_threads(1)

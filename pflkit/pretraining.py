@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, ImageFiles, offline
 from pflkit.data.datasets import load_dataset

@@ -41,7 +41,7 @@ import torch
 import pflkit
 from pflkit import kernels
 from pflkit.algorithms import get_algorithm
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
 from pflkit.data.datasets import load_dataset

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.data.base import Dataset, DatasetMeta
 from pflkit.models import build_model
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, DatasetMeta
 from pflkit.data.datasets import load_dataset

@@ -163,7 +163,7 @@ def test_keep_best_without_a_validation_split_is_rejected(capsys):
 
 
 def test_nan_validation_scores_are_never_selected():
-    from pflkit.algorithms.base import FLConfig
+    from pflkit.fl.algorithm import FLConfig
 
     cfg = FLConfig(select="val_acc")
     assert _score(cfg, {"acc": math.nan, "loss": math.nan}, []) is None

@@ -93,7 +93,7 @@ import pandas as pd
 import seaborn as sns
 
 from pflkit.algorithms import get_algorithm
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
 from pflkit.fl.federation import Federation, build_federation

@@ -1,5 +1,5 @@
 """Every algorithm pflkit knows, by name: the CLI, notebooks and Flower adapter read this dict."""
-from pflkit.algorithms.base import Algorithm, Env, FLConfig, Update, replace
+from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, replace
 from pflkit.algorithms.fedavg import FEDAVG
 from pflkit.algorithms.ditto import DITTO
 from pflkit.algorithms.fedalt import FEDALT

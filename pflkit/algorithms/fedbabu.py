@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.config import non_negative, one_of, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state

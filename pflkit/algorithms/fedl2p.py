@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pflkit.algorithms.base import Algorithm, FLConfig, Update, replace
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.train import evaluate_model, get_state

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.base import Algorithm, FLConfig, Update
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
 from pflkit.config import require
 from pflkit.fl.aggregate import weighted_mean

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.base import FLConfig, replace
+from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.algorithms.fedselect import FEDSELECT, filled, finish_update, masked_sgd, receive
 from pflkit.config import one_of, require
 from pflkit.fl.train import set_state

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pflkit.algorithms import fedper
-from pflkit.algorithms.base import FLConfig, replace
+from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.config import require
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pflkit.algorithms.base import Algorithm, Env, FLConfig, Update, check_config
+from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
 from pflkit.config import to_dict
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged

@@ -46,7 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from tqdm.auto import tqdm
 
-from pflkit.algorithms.base import Algorithm, Env, Update, check_config
+from pflkit.fl.algorithm import Algorithm, Env, Update, check_config
 from pflkit.fl.loop import StageResult, _score, check_finite, eval_clients, sample_clients, summarize
 from pflkit.fl.train import Diverged, set_state
 from pflkit.flower import records

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from pflkit.algorithms.base import Algorithm
+    from pflkit.fl.algorithm import Algorithm
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Update
+from pflkit.fl.algorithm import Update
 from pflkit.algorithms.fedbabu import FEDBABU, aggregate
 from pflkit.config import ConfigError
 from pflkit.fl.federation import build_federation

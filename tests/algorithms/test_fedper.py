@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model

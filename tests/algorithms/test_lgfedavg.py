@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import nbytes, run_rounds
 from pflkit.models import build_model

@@ -8,7 +8,7 @@ from torch.func import functional_call
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms import perfedavg
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model

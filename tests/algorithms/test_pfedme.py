@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Env, Update
+from pflkit.fl.algorithm import Env, Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model

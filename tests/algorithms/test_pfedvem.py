@@ -10,7 +10,7 @@ from torch.distributions import Normal, kl_divergence
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms import pfedvem as P
-from pflkit.algorithms.base import Update
+from pflkit.fl.algorithm import Update
 from pflkit.config import ConfigError
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.federation import build_federation

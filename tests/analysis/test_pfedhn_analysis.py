@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.analysis.pfedhn import (group_accuracy, mix_and_match, novel_tv, row_normalize, subfederation)
 from pflkit.data.partition import nearest_tv, total_variation
 from pflkit.fl.federation import build_federation

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS, replace
-from pflkit.algorithms.base import Update
+from pflkit.fl.algorithm import Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import eval_clients, run_rounds, sample_clients
 from pflkit.io import load_torch

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.algorithms.base import Env
+from pflkit.fl.algorithm import Env
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app

@@ -109,7 +109,7 @@ def test_awkward_values_keep_type_dtype_and_aliasing():
 
 
 def test_dataclasses_of_pflkit_travel_and_others_are_refused():
-    from pflkit.algorithms.base import Update
+    from pflkit.fl.algorithm import Update
 
     upd = Update(3, 10, {"delta": torch.ones(2)}, {"loss": 0.5})
     same(upd, roundtrip(upd))
