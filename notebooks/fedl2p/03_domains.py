@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -86,7 +88,9 @@ import numpy as np
 
 from pflkit.data.corruptions import CORRUPTIONS, corrupt
 from pflkit.notebooks import setup
-from pflkit.report.fedl2p import beta_summary, client_groups, load_report, plot_hyperparameters, versus_finetuning
+from pflkit.report.fedl2p import (
+    beta_summary, client_groups, load_report, plot_hyperparameters, plot_hyperparameters_by_domain, versus_finetuning,
+)
 from pflkit.report.figures import plot_methods, save_figure
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
@@ -139,6 +143,7 @@ plt.show()
 report = load_report(run_dir, label, seed)
 print(beta_summary(report))
 key = "corruption" if results["config"]["data"]["dataset"] == "cifar10c" else "domain"
+groups = names = None
 try:
     groups = client_groups(run_dir, key, seed)
     names = session.load(cfg.data.dataset, **cfg.data.options).meta.group_names.get(key)
@@ -152,6 +157,20 @@ try:
     plt.show()
 except KeyError as err:
     print(f"no per-client {key} groups on {data_label}: {err}")
+
+# %% [markdown]
+# ## 4. beta and eta per domain, with their spread
+# Per BN layer (beta) and per tensor (eta divided by its median over clients), one box per domain. The titles give
+# the standard deviation between the domain means and inside the domains: a flat line at 1 / boxes of zero height
+# mean the meta-nets give every client the same hyperparameters, whatever the ARI of their clustering says
+# (`pflkit.analysis.clustering.group_spread`).
+
+# %%
+if groups is not None:  # None: the clients carry no groups (see above)
+    fig = plot_hyperparameters_by_domain(report, groups, names,
+                                         f"{name} ({data_label}): {label}'s beta / eta by {key} (preset {preset})")
+    save_figure(fig, session.figure(f"{name}_hyperparameters_by_domain.png"))
+    plt.show()
 
 # %%
 fig = plot_hyperparameters(report, f"{name} ({data_label}): {label}'s hyperparameters (preset {preset})")

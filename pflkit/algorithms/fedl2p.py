@@ -96,6 +96,9 @@ class FedL2PConfig(FLConfig):
         use_bnnet, use_lrnet, fixed_beta: the ablations of Table 5 (beta = fixed_beta
             without BNNet; eta = lr without LRNet).
         hidden, init_gain, bn_bias_init, lr_bias_init, lr_max: App. E (100, 0.1, 0.5, 1.0, 1000).
+        hidden_gain: Xavier gain of the meta-nets' two hidden layers; 0 (default) = ``init_gain``
+            in every layer (App. E). Not the paper's otherwise: a larger one makes the outputs
+            depend more on the client (`pflkit.meta.metanets`).
         skip_nonfinite: skip batches with a non-finite loss and meta steps with a non-finite
             hypergradient (the authors' code) instead of stopping the run as diverged.
         augment: apply the federation's training augmentation while fine-tuning.
@@ -130,6 +133,7 @@ class FedL2PConfig(FLConfig):
     bn_bias_init: float = 0.5
     lr_bias_init: float = 1.0
     lr_max: float = 1000.0
+    hidden_gain: float = 0.0
     val_batch_size: int = 32
     skip_nonfinite: bool = False
     augment: bool = True
@@ -156,6 +160,8 @@ class FedL2PConfig(FLConfig):
         require(0.0 <= self.fixed_beta <= 1.0, "fixed_beta", self.fixed_beta, "must be in [0, 1]")
         require(isinstance(self.hidden, int) and self.hidden >= 1, "hidden", self.hidden, "must be an integer >= 1")
         positive("lr_max", self.lr_max)
+        positive("init_gain", self.init_gain)
+        non_negative("hidden_gain", self.hidden_gain)
         require(isinstance(self.val_batch_size, int) and self.val_batch_size >= 0, "val_batch_size",
                 self.val_batch_size, "must be an integer >= 0")
         for key in ("momentum", "weight_decay", "max_grad_norm"):

@@ -21,13 +21,24 @@ pairs of *distinct* clients (a domain with one client has no within distance: Na
 With as many clusters as clients every client is its own cluster (spectral clustering is
 undefined there), so one client per domain scores ARI 1 trivially (Office-Caltech-10's 4
 clients in Table 6); points that are all identical form one cluster (ARI 0).
+
+The ARI is scale-free: the kernel width follows the median distance, so outputs that vary
+by 1e-6 around a constant cluster exactly like their inputs and score the inputs' ARI. An
+output ARI therefore says nothing about *how much* the hyperparameters differ between
+clients. `group_spread` measures that (the between-domain and within-domain standard
+deviations, absolute and relative to the level of each coordinate) and `meta_net_clustering`
+reports it beside every ARI, so that a near-constant output cannot pass for personalization.
 """
 from __future__ import annotations
 
 import numpy as np
 
 __all__ = ["pairwise_distances", "rbf_affinity", "spectral_clusters", "adjusted_rand", "cluster_ari",
-           "domain_distance_map", "report_matrix", "meta_net_ari", "META_NET_KEYS"]
+           "domain_distance_map", "report_matrix", "meta_net_ari", "META_NET_KEYS", "group_spread",
+           "meta_net_spread", "meta_net_clustering", "NEAR_CONSTANT"]
+
+# relative between-domain spread below which an output is reported as near-constant across clients
+NEAR_CONSTANT = 1e-3
 
 # report key -> (meta-net, role): the four columns of Table 6
 META_NET_KEYS = {"xi": ("BNNet", "input"), "beta": ("BNNet", "output"),
@@ -165,3 +176,74 @@ def meta_net_ari(rows: list[dict], domains, *, seed: int = 0, keys=tuple(META_NE
         m = report_matrix(rows, key)
         out[key] = cluster_ari(m, domains, seed=seed) if m.size and m.shape[1] else float("nan")
     return out
+
+
+def group_spread(x, groups) -> dict[str, float]:
+    """How much per-client values differ between groups (domains) and within them.
+
+    For each coordinate k of ``x`` (n clients, d coordinates): the group means ``m_gk``
+    (each group weighted equally), ``between_k`` = their standard deviation over groups,
+    ``within_k`` = the root of the mean over groups of the variance inside the group
+    (population variances, ddof 0), ``level_k`` = ``|mean over clients of x_k|``.
+    Coordinates are summarized by their root mean square:
+
+    * ``between``, ``within``: ``sqrt(mean_k between_k^2)``, ``sqrt(mean_k within_k^2)``
+      (the units of ``x``: beta's, or learning rates);
+    * ``between_rel``, ``within_rel``: the same of ``between_k / level_k`` and
+      ``within_k / level_k`` (scale-free, e.g. eta's spread as a share of each tensor's
+      learning rate); coordinates with level 0 are left out (NaN if all are);
+    * ``level``: ``sqrt(mean_k level_k^2)``; ``separation``: ``between / within``
+      (inf when the groups are internally constant but differ, NaN when both are 0).
+
+    Args:
+        x: (n,) or (n, d) values, one row per client.
+        groups: (n,) group (domain) of each client; at least two groups.
+    """
+    x = _check(x, groups)
+    g = np.asarray(groups)
+    names = np.unique(g)
+    if len(names) < 2:
+        raise ValueError(f"group_spread needs at least two groups, got {len(names)}")
+    means = np.stack([x[g == name].mean(0) for name in names])
+    between = means.std(0)
+    within = np.sqrt(np.mean([x[g == name].var(0) for name in names], axis=0))
+    level = np.abs(x.mean(0))
+
+    def rms(v):
+        v = v[np.isfinite(v)]
+        return float(np.sqrt(np.mean(v ** 2))) if v.size else float("nan")
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel_b, rel_w = between / level, within / level
+        b, w = rms(between), rms(within)
+        sep = b / w if w > 0 else (float("inf") if b > 0 else float("nan"))
+    return {"between": b, "within": w, "between_rel": rms(np.where(level > 0, rel_b, np.nan)),
+            "within_rel": rms(np.where(level > 0, rel_w, np.nan)), "level": rms(level), "separation": sep}
+
+
+def meta_net_spread(rows: list[dict], domains, *, keys=tuple(META_NET_KEYS)) -> dict[str, dict]:
+    """`group_spread` of each of xi, beta, features, eta of a FedL2P report against the domains."""
+    out = {}
+    for key in keys:
+        m = report_matrix(rows, key)
+        out[key] = group_spread(m, domains) if m.size and m.shape[1] else {
+            k: float("nan") for k in ("between", "within", "between_rel", "within_rel", "level", "separation")}
+    return out
+
+
+def meta_net_clustering(rows: list[dict], domains, *, seed: int = 0, keys=tuple(META_NET_KEYS)) -> dict[str, dict]:
+    """Table 6 with its scale: per key, ``{"ari", **group_spread, "near_constant"}``.
+
+    ``near_constant`` is True when the between-domain spread is below `NEAR_CONSTANT` of the
+    values' level: the clustering (and its ARI) then reflects the inputs' structure carried
+    through an almost constant map, not hyperparameters that differ between clients.
+    """
+    aris = meta_net_ari(rows, domains, seed=seed, keys=keys)
+    spreads = meta_net_spread(rows, domains, keys=keys)
+    return {k: {"ari": aris[k], **spreads[k],
+                "near_constant": _near_constant(spreads[k])} for k in keys}
+
+
+def _near_constant(spread: dict) -> bool:
+    # exactly equal group means (e.g. every beta clamped to 0) count as constant too
+    return bool(spread["between"] == 0 or spread["between_rel"] < NEAR_CONSTANT)

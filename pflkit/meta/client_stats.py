@@ -16,6 +16,14 @@ Reading of "the mean and SD of each input feature per layer": one scalar mean an
 layer over all of its input's entries (LRNet then has 2M inputs, as Eq. 4 lists; the
 authors' ``layerwise`` mode). Model-agnostic: statistics are collected by forward hooks
 and sums are accumulated in float64, so the result is exact for the whole split.
+
+Scale: both inputs enter the meta-nets raw, as in the paper and the authors' code (which
+take SD as ``sqrt(var + 1e-5)``; here the plain SD, the paper's). Their differences between
+clients set how much beta / eta can differ (`pflkit.meta.metanets`, `input_sensitivity`):
+on ``fedl2p_conditioning_digits`` at ``cpu`` (MNIST / MNIST-M / USPS, a LeNet pretrained on
+CIFAR-10) the SD of xi between the domain means is 0.33 (0.06 within a domain; MNIST-M, the
+natural-image textures, is the closest to the pretraining statistics: xi 0.02 / 0.09 against
+MNIST's 0.5 / 1.1), that of the feature statistics 0.54 (0.10 within).
 """
 from __future__ import annotations
 

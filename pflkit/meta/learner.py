@@ -93,7 +93,8 @@ def model_spec(model: nn.Module, cfg) -> MetaSpec:
     return MetaSpec(num_bn=len(bn_modules(model)), num_layers=len(layer_input_modules(model)),
                     num_tensors=len(layer_param_names(model)), use_bnnet=cfg.use_bnnet, use_lrnet=cfg.use_lrnet,
                     fixed_beta=cfg.fixed_beta, fixed_lr=cfg.lr, hidden=cfg.hidden, gain=cfg.init_gain,
-                    bn_bias=cfg.bn_bias_init, lr_bias=cfg.lr_bias_init, lr_max=cfg.lr_max)
+                    bn_bias=cfg.bn_bias_init, lr_bias=cfg.lr_bias_init, lr_max=cfg.lr_max,
+                    hidden_gain=cfg.hidden_gain)
 
 
 def scratch_model(env) -> nn.Module:

@@ -16,6 +16,26 @@ outputs (2M when every layer has both; BN's gamma and delta included) -- as the 
 code. Initialization (App. E): Xavier-normal weights with gain 0.1 and constant biases
 0.5 (BNNet) / 1.0 (LRNet) in every linear layer, so the initial outputs are ~0.5 / ~1.0.
 
+How strongly the outputs depend on the client: the input-to-output Jacobian of the MLP is
+the product of its three weight matrices, so it scales with the product of the three
+gains (0.1^3 under App. E; `input_sensitivity` measures it, ~1e-4 per unit of input for
+the LeNet meta-nets). A client's beta / eta then differs from another's by about that
+factor times the difference of their statistics, and the hypergradient that reaches the
+first layer is damped by the two layers above it (largest first-layer weight gradient
+~2e-3 of the last layer's on 7 BN inputs of O(0.3); 4.5e-3 with ``hidden_gain`` 1).
+Where the statistics differ by O(0.1) between clients (the cpu-scale digits) the outputs
+start, and after a few dozen clipped meta steps stay, almost constant across clients.
+The clamp adds a second effect. The STE passes gradients through a clamped output, so once
+the hypergradient favours beta = 0 (the pretrained statistics, as for CIFAR-10 in Fig. 2a)
+it keeps pushing the pre-clamp value down, past every client's bound: on
+``fedl2p_conditioning_digits`` at ``cpu`` (seed 0) BNNet's raw outputs sank to about -2.2 /
+-3.7 by round 40, 0.004-0.006 apart across clients, and every client's beta read exactly 0,
+although BNNet's input sensitivity had grown 60x. STE and clamp are App. E's and the
+authors' (``ClampSTE`` in their ``model_utils.py``) and stay the default.
+``hidden_gain`` (not the paper's) gives the two hidden layers their own gain while the
+output layer keeps ``gain``: the initial outputs stay ~ the biases (App. E's purpose of the
+small gain), the client dependence grows by ``(hidden_gain / gain)^2``.
+
 The meta-parameters lambda = {w_bn, w_lr, eta_tilde} travel as a flat dict of tensors
 (``"bnnet.<key>"``, ``"lrnet.<key>"``, ``"eta_tilde"``) so that FedAvg, checkpoints and
 `torch.func.functional_call` treat them uniformly.
@@ -29,19 +49,28 @@ from torch import nn
 from torch.func import functional_call
 
 __all__ = ["clamp_ste", "MetaNet", "bnnet", "lrnet", "MetaSpec", "init_meta_params", "meta_hyperparams",
-           "GROUPS", "group_of"]
+           "GROUPS", "group_of", "input_sensitivity"]
 
 GROUPS = ("bnnet", "lrnet", "eta_tilde")
 
 
 class _ClampSTE(torch.autograd.Function):
+    # forward / setup_context split: usable under torch.func transforms (jacrev, vmap)
     @staticmethod
-    def forward(ctx, x, lo, hi):
+    def forward(x, lo, hi):
         return x.clamp(lo, hi)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, grad):
         return grad, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, lo, hi):
+        return x.clamp(lo, hi), in_dims[0]
 
 
 def clamp_ste(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -52,10 +81,15 @@ def clamp_ste(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
 
 
 class MetaNet(nn.Module):
-    """A 3-layer MLP with a clamp-STE output (App. E)."""
+    """A 3-layer MLP with a clamp-STE output (App. E).
+
+    ``gain``: Xavier-normal gain of every linear layer (App. E: 0.1); ``hidden_gain``: if
+    given, the gain of the first two layers instead (the output layer keeps ``gain``).
+    """
 
     def __init__(self, in_features: int, out_features: int, *, max_value: float, bias_init: float,
-                 hidden: int = 100, gain: float = 0.1, generator: torch.Generator | None = None):
+                 hidden: int = 100, gain: float = 0.1, hidden_gain: float | None = None,
+                 generator: torch.Generator | None = None):
         super().__init__()
         for key, value in (("in_features", in_features), ("out_features", out_features), ("hidden", hidden)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -63,27 +97,34 @@ class MetaNet(nn.Module):
         self.max_value = float(max_value)
         self.body = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                   nn.Linear(hidden, out_features))
+        for key, value in (("gain", gain), ("hidden_gain", hidden_gain)):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if value is not None and not (number and value > 0):
+                raise ValueError(f"MetaNet: {key} must be > 0, got {value!r}")
+        linears = [layer for layer in self.body if isinstance(layer, nn.Linear)]
+        gains = [gain if hidden_gain is None else hidden_gain] * (len(linears) - 1) + [gain]
         with torch.no_grad():
-            for layer in self.body:
-                if isinstance(layer, nn.Linear):
-                    nn.init.xavier_normal_(layer.weight, gain=gain, generator=generator)
-                    layer.bias.fill_(bias_init)
+            for layer, g in zip(linears, gains):
+                nn.init.xavier_normal_(layer.weight, gain=g, generator=generator)
+                layer.bias.fill_(bias_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return clamp_ste(self.body(x), 0.0, self.max_value)
 
 
 def bnnet(num_bn: int, *, hidden: int = 100, gain: float = 0.1, bias_init: float = 0.5,
-          generator: torch.Generator | None = None) -> MetaNet:
+          hidden_gain: float | None = None, generator: torch.Generator | None = None) -> MetaNet:
     """BNNet: B KL distances in, B betas in [0, 1] out (Eq. 4)."""
-    return MetaNet(num_bn, num_bn, max_value=1.0, bias_init=bias_init, hidden=hidden, gain=gain, generator=generator)
+    return MetaNet(num_bn, num_bn, max_value=1.0, bias_init=bias_init, hidden=hidden, gain=gain,
+                   hidden_gain=hidden_gain, generator=generator)
 
 
 def lrnet(num_layers: int, num_tensors: int, *, hidden: int = 100, gain: float = 0.1, bias_init: float = 1.0,
-          max_value: float = 1000.0, generator: torch.Generator | None = None) -> MetaNet:
+          max_value: float = 1000.0, hidden_gain: float | None = None,
+          generator: torch.Generator | None = None) -> MetaNet:
     """LRNet: 2M feature statistics in, one factor in [0, max_value] per parameter tensor out (Eq. 4)."""
     return MetaNet(2 * num_layers, num_tensors, max_value=max_value, bias_init=bias_init, hidden=hidden,
-                   gain=gain, generator=generator)
+                   gain=gain, hidden_gain=hidden_gain, generator=generator)
 
 
 @dataclass(frozen=True)
@@ -99,6 +140,8 @@ class MetaSpec:
         fixed_beta: beta of every BN layer when BNNet is off (LRNet-only ablation, Table 5).
         fixed_lr: the fine-tuning learning rate; eta_tilde's initial value.
         hidden, gain, bn_bias, lr_bias, lr_max: App. E architecture and initialization.
+        hidden_gain: Xavier gain of the two hidden layers; 0 (default) = ``gain`` in every
+            layer, App. E and the authors' code. Not the paper's otherwise (module docstring).
     """
 
     num_bn: int
@@ -113,6 +156,7 @@ class MetaSpec:
     bn_bias: float = 0.5
     lr_bias: float = 1.0
     lr_max: float = 1000.0
+    hidden_gain: float = 0.0
 
     def __post_init__(self):
         if self.use_bnnet and self.num_bn < 1:
@@ -123,15 +167,21 @@ class MetaSpec:
                              f"num_tensors={self.num_tensors}")
         if not 0.0 <= self.fixed_beta <= 1.0:
             raise ValueError(f"fixed_beta={self.fixed_beta!r}: must be in [0, 1]")
+        number = isinstance(self.hidden_gain, (int, float)) and not isinstance(self.hidden_gain, bool)
+        if not (number and self.hidden_gain >= 0):
+            raise ValueError(f"hidden_gain={self.hidden_gain!r}: must be >= 0 (0: the same gain as every layer)")
+
+    def _kw(self) -> dict:
+        return {"hidden": self.hidden, "gain": self.gain, "hidden_gain": self.hidden_gain or None}
 
     def modules(self) -> dict[str, MetaNet]:
         """Fresh meta-net modules (structure for `functional_call`; their weights are unused)."""
         nets = {}
         if self.use_bnnet:
-            nets["bnnet"] = bnnet(self.num_bn, hidden=self.hidden, gain=self.gain, bias_init=self.bn_bias)
+            nets["bnnet"] = bnnet(self.num_bn, bias_init=self.bn_bias, **self._kw())
         if self.use_lrnet:
-            nets["lrnet"] = lrnet(self.num_layers, self.num_tensors, hidden=self.hidden, gain=self.gain,
-                                  bias_init=self.lr_bias, max_value=self.lr_max)
+            nets["lrnet"] = lrnet(self.num_layers, self.num_tensors, bias_init=self.lr_bias, max_value=self.lr_max,
+                                  **self._kw())
         return nets
 
 
@@ -152,11 +202,11 @@ def init_meta_params(spec: MetaSpec, generator: torch.Generator | None = None,
     """
     lam: dict[str, torch.Tensor] = {}
     if spec.use_bnnet:
-        net = bnnet(spec.num_bn, hidden=spec.hidden, gain=spec.gain, bias_init=spec.bn_bias, generator=generator)
+        net = bnnet(spec.num_bn, bias_init=spec.bn_bias, generator=generator, **spec._kw())
         lam.update({f"bnnet.{k}": v.detach().clone() for k, v in net.state_dict().items()})
     if spec.use_lrnet:
-        net = lrnet(spec.num_layers, spec.num_tensors, hidden=spec.hidden, gain=spec.gain, bias_init=spec.lr_bias,
-                    max_value=spec.lr_max, generator=generator)
+        net = lrnet(spec.num_layers, spec.num_tensors, bias_init=spec.lr_bias, max_value=spec.lr_max,
+                    generator=generator, **spec._kw())
         lam.update({f"lrnet.{k}": v.detach().clone() for k, v in net.state_dict().items()})
         lam["eta_tilde"] = torch.full((spec.num_tensors,), float(spec.fixed_lr), device="cpu")
     return {k: v.to(device) for k, v in lam.items()}
@@ -191,3 +241,28 @@ def meta_hyperparams(spec: MetaSpec, nets: dict[str, MetaNet], lam: dict[str, to
         like = features if features is not None else xi
         eta = torch.full((spec.num_tensors,), float(spec.fixed_lr), device=None if like is None else like.device)
     return beta, eta
+
+
+def input_sensitivity(spec: MetaSpec, nets: dict[str, MetaNet], lam: dict[str, torch.Tensor],
+                      xi: torch.Tensor | None, features: torch.Tensor | None) -> dict[str, float]:
+    """How much the meta-nets' outputs move per unit of their inputs, at one client's inputs.
+
+    Returns ``{"bnnet": ||d beta / d xi||_F / sqrt(B), "lrnet": ||d LRNet / d x||_F / sqrt(P)}``
+    (the root-mean-square over outputs of the Jacobian rows' norms; LRNet's output before the
+    multiplication by eta_tilde). Through the straight-through clamp: the forward values
+    are clamped, the Jacobian is that of the unclamped MLP. A diagnostic: under App. E's
+    init it is ~1e-4, so inputs that differ by 0.1 give hyperparameters that differ by 1e-5.
+    """
+    from torch.func import jacrev
+
+    out = {}
+    if spec.use_bnnet and xi is not None:
+        params = {k[len("bnnet."):]: v.detach() for k, v in lam.items() if k.startswith("bnnet.")}
+        jac = jacrev(lambda z: functional_call(nets["bnnet"], params, (z.reshape(1, -1),)).reshape(-1))(xi.detach())
+        out["bnnet"] = float(jac.norm() / jac.shape[0] ** 0.5)
+    if spec.use_lrnet and features is not None:
+        params = {k[len("lrnet."):]: v.detach() for k, v in lam.items() if k.startswith("lrnet.")}
+        jac = jacrev(lambda z: functional_call(nets["lrnet"], params, (z.reshape(1, -1),)).reshape(-1))(
+            features.detach())
+        out["lrnet"] = float(jac.norm() / jac.shape[0] ** 0.5)
+    return out

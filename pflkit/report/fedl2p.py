@@ -9,7 +9,11 @@ per client beta per BN layer, eta per parameter tensor, sparsity, xi, features).
   learned beta (per BN layer) and eta (per tensor) across clients, and each client's
   sparsity (Fig. 2 / 4);
 * `ari_table`: Table 6 for one run (ARI of xi, beta, features, eta clusterings vs domains),
-  beside the paper's numbers; `plot_distance_map`: Fig. 3 / 5;
+  beside the paper's numbers, each ARI with the between- and within-domain spread of the
+  clustered quantity (the ARI is scale-free, `pflkit.analysis.clustering`);
+  `plot_distance_map`: Fig. 3 / 5;
+* `plot_hyperparameters_by_domain`: beta per BN layer and eta per tensor (relative to its
+  across-client median) with one box per domain, the spreads in the panel titles;
 * `versus_finetuning`: FedL2P against the best of the FT (BN C / G / I) baselines.
 """
 from __future__ import annotations
@@ -20,12 +24,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pflkit.analysis.clustering import META_NET_KEYS, domain_distance_map, meta_net_ari, report_matrix
+from pflkit.analysis.clustering import (
+    META_NET_KEYS, domain_distance_map, group_spread, meta_net_clustering, report_matrix,
+)
 from pflkit.io import read_json
 
 __all__ = ["PUBLISHED_ARI", "FT_LABELS", "report_path", "load_report", "client_info", "client_groups",
            "hyperparameter_frame", "beta_summary", "plot_hyperparameters", "plot_sparsity", "ari_table",
-           "plot_distance_map", "versus_finetuning"]
+           "plot_distance_map", "versus_finetuning", "plot_hyperparameters_by_domain", "spread_caption"]
 
 # Table 6: (BNNet input xi, BNNet output beta, LRNet input x, LRNet output eta)
 PUBLISHED_ARI = {
@@ -132,13 +138,25 @@ def plot_sparsity(scenarios: dict[str, list[dict]], ax=None):
 
 
 def ari_table(rows: list[dict], domains, published: tuple | None = None, seed: int = 0) -> pd.DataFrame:
-    """Table 6 for one run: one row per meta-net input / output with our ARI and the paper's."""
-    ours = meta_net_ari(rows, domains, seed=seed)
+    """Table 6 for one run: one row per meta-net input / output with our ARI and the paper's.
+
+    Beside each ARI, the spread of the clustered quantity across clients
+    (`pflkit.analysis.clustering.group_spread`): ``between`` / ``within`` (standard
+    deviations between the domain means and inside the domains, RMS over coordinates),
+    ``between / level`` and ``within / level`` (the same relative to the coordinates'
+    size), and ``near-constant``: True when the between-domain spread is below 0.1% of the
+    level, where an output ARI only echoes the inputs' clusters through an almost constant map.
+    """
+    ours = meta_net_clustering(rows, domains, seed=seed)
     out = []
     for k, key in enumerate(META_NET_KEYS):
         net, role = META_NET_KEYS[key]
-        out.append({"meta-net": net, "role": role, "quantity": key, "ARI": round(ours[key], 3),
-                    "paper": None if published is None else published[k]})
+        c = ours[key]
+        out.append({"meta-net": net, "role": role, "quantity": key, "ARI": round(c["ari"], 3),
+                    "paper": None if published is None else published[k],
+                    "between": float(f"{c['between']:.3g}"), "within": float(f"{c['within']:.3g}"),
+                    "between / level": float(f"{c['between_rel']:.3g}"),
+                    "within / level": float(f"{c['within_rel']:.3g}"), "near-constant": c["near_constant"]})
     return pd.DataFrame(out)
 
 
@@ -159,6 +177,77 @@ def plot_distance_map(rows: list[dict], domains, key: str, names=None, ax=None, 
     ax.set_title(title or f"log normalized distance of {key}")
     ax.figure.colorbar(im, ax=ax, fraction=0.046)
     return ax
+
+
+def spread_caption(values, domains) -> str:
+    """One line: between- and within-domain spread of per-client values (`group_spread`)."""
+    sp = group_spread(values, domains)
+
+    def pct(v):
+        return f" ({100 * v:.2g}% of level)" if np.isfinite(v) else ""
+
+    return f"between-domain SD {sp['between']:.3g}{pct(sp['between_rel'])}, within {sp['within']:.3g}{pct(sp['within_rel'])}"
+
+
+def plot_hyperparameters_by_domain(rows: list[dict], domains, names=None, title: str = "", axes=None):
+    """Fig. 2 split by domain: do beta and eta differ between clients, and along the domains?
+
+    Left: beta per BN layer, one box per domain (clients of that domain). Right: each client's
+    eta of each tensor divided by that tensor's median over clients, one box per domain and
+    tensor (1 = the typical client; a flat line at 1 = eta does not depend on the client).
+    Each panel's title gives the spread across clients (`spread_caption`).
+
+    Args:
+        rows: a FedL2P hyperparameter report (one dict per client).
+        domains: the domain of each row's client.
+        names: optional domain names, indexed by the domain ids.
+    """
+    import matplotlib.pyplot as plt
+
+    g = np.asarray(domains)
+    ids = list(np.unique(g))
+    labels = [str(i) if names is None else str(names[int(i)]) for i in ids]
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 3], "wspace": 0.2})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def grouped(ax, m, tick_names):
+        width = 0.8 / len(ids)
+        for j, d in enumerate(ids):
+            pos = np.arange(m.shape[1]) + (j - (len(ids) - 1) / 2) * width
+            bp = ax.boxplot([m[g == d, k] for k in range(m.shape[1])], positions=pos, widths=width * 0.9,
+                            patch_artist=True, showfliers=False, manage_ticks=False,
+                            # a zero-height box is only its median line: draw it in the domain's colour
+                            medianprops={"color": colors[j % len(colors)], "lw": 2})
+            for box in bp["boxes"]:
+                box.set(facecolor=colors[j % len(colors)], alpha=0.6)
+            ax.plot([], [], color=colors[j % len(colors)], lw=6, alpha=0.6, label=labels[j])
+        ax.set_xticks(range(m.shape[1]), [n.replace(".weight", ".w").replace(".bias", ".b") for n in tick_names],
+                      rotation=90, fontsize=7)
+
+    beta = report_matrix(rows, "beta")
+    if beta.size and beta.shape[1]:
+        grouped(axes[0], beta, list(rows[0]["beta"]))
+        axes[0].set_ylabel("beta (0: pretrained BN stats, 1: client's)")
+        axes[0].set_ylim(-0.05, 1.05)  # the full range: a spread of 1e-5 must look flat
+        axes[0].set_title("beta: " + spread_caption(beta, g), fontsize=8)
+        axes[0].legend(fontsize=7)
+    else:
+        axes[0].text(0.5, 0.5, "no BN layers", ha="center", transform=axes[0].transAxes)
+    eta = report_matrix(rows, "eta")
+    med = np.median(eta, axis=0)
+    rel = np.divide(eta, med, out=np.full_like(eta, np.nan), where=med != 0)
+    grouped(axes[1], rel, list(rows[0]["eta"]))
+    axes[1].axhline(1.0, color="k", lw=0.5)
+    # at least +-5% around 1, so that a near-constant eta is drawn as the flat line it is
+    finite = rel[np.isfinite(rel)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (1.0, 1.0)
+    pad = 0.05 * max(hi - lo, 0.1)
+    axes[1].set_ylim(min(lo - pad, 0.95), max(hi + pad, 1.05))
+    axes[1].set_ylabel("eta / its median over clients")
+    axes[1].set_title("eta: " + spread_caption(eta, g), fontsize=8)
+    axes[0].figure.suptitle(title)
+    return axes[0].figure
 
 
 def versus_finetuning(results: dict, label: str = "FedL2P", ft_labels=FT_LABELS, pool: str = "seen") -> dict:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from pflkit.analysis.clustering import (
-    adjusted_rand, cluster_ari, domain_distance_map, meta_net_ari, pairwise_distances, rbf_affinity,
-    report_matrix, spectral_clusters,
+    NEAR_CONSTANT, adjusted_rand, cluster_ari, domain_distance_map, group_spread, meta_net_ari, meta_net_clustering,
+    pairwise_distances, rbf_affinity, report_matrix, spectral_clusters,
 )
 
 
@@ -94,3 +94,53 @@ def test_meta_net_ari_on_a_report():
     assert ari["xi"] == 1.0 and ari["eta"] < 0.5 and set(ari) == {"xi", "beta", "features", "eta"}
     with pytest.raises(ValueError, match="unknown key"):
         report_matrix(rows, "gamma")
+
+
+def test_group_spread_by_hand():
+    # two domains, two coordinates
+    #   domain 0: (1, 10), (3, 10)   means (2, 10)   variances (1, 0)
+    #   domain 1: (5, 20), (5, 40)   means (5, 30)   variances (0, 100)
+    x = np.array([[1.0, 10.0], [3.0, 10.0], [5.0, 20.0], [5.0, 40.0]])
+    g = np.array([0, 0, 1, 1])
+    sp = group_spread(x, g)
+    # between_k: SD of the two domain means = half their distance: (1.5, 10)
+    assert sp["between"] == pytest.approx(math.sqrt((1.5 ** 2 + 10 ** 2) / 2))
+    # within_k: sqrt(mean of the domain variances): (sqrt(0.5), sqrt(50))
+    assert sp["within"] == pytest.approx(math.sqrt((0.5 + 50) / 2))
+    # levels: |mean over clients| = (3.5, 20); relative spreads coordinate by coordinate
+    assert sp["level"] == pytest.approx(math.sqrt((3.5 ** 2 + 20 ** 2) / 2))
+    assert sp["between_rel"] == pytest.approx(math.sqrt(((1.5 / 3.5) ** 2 + (10 / 20) ** 2) / 2))
+    assert sp["within_rel"] == pytest.approx(math.sqrt((0.5 / 3.5 ** 2 + 50 / 20 ** 2) / 2))
+    assert sp["separation"] == pytest.approx(sp["between"] / sp["within"])
+    # domains weigh equally whatever their sizes; 1-d input works
+    sp1 = group_spread([0.0, 0.0, 0.0, 4.0], [0, 0, 0, 1])
+    assert sp1["between"] == pytest.approx(2.0) and sp1["within"] == 0.0 and sp1["separation"] == math.inf
+    with pytest.raises(ValueError, match="two groups"):
+        group_spread(x, [0, 0, 0, 0])
+
+
+def test_near_constant_outputs_cluster_perfectly_but_report_no_spread():
+    """The ARI is scale-free: outputs that vary by 1e-7 around a constant cluster like the
+    inputs (ARI 1); the spread beside it shows that the hyperparameters hardly differ."""
+    xb, g = blobs(per=6)
+    beta = 0.5 + 1e-7 * xb[:, :2]  # a near-constant but perfectly domain-ordered output
+    eta = 1e-2 * (1 + 1e-7 * xb[:, 2:4])
+    rows = [{"client": i, "xi": list(xb[i]), "beta": {"bn1": beta[i, 0], "bn2": beta[i, 1]},
+             "features": list(xb[i]), "eta": {"w": eta[i, 0], "b": eta[i, 1]}, "sparsity": 0.0}
+            for i in range(len(g))]
+    c = meta_net_clustering(rows, g)
+    assert c["beta"]["ari"] == 1.0 and c["eta"]["ari"] == 1.0 and c["xi"]["ari"] == 1.0
+    assert c["beta"]["between"] < 1e-5 and c["beta"]["between_rel"] < NEAR_CONSTANT and c["beta"]["near_constant"]
+    assert c["eta"]["between_rel"] < NEAR_CONSTANT and c["eta"]["near_constant"]
+    assert c["xi"]["between"] > 1.0 and not c["xi"]["near_constant"]
+    # every output ARI of the report table sits beside its spread and the flag
+    from pflkit.report.fedl2p import ari_table
+
+    t = ari_table(rows, g).set_index("quantity")
+    assert list(t.loc["beta", ["ARI", "near-constant"]]) == [1.0, True] and t.loc["beta", "between"] < 1e-5
+    assert t.loc["xi", "near-constant"] == False  # noqa: E712 (numpy bool)
+    # an output that really differs by domain is not flagged
+    rows2 = [{**r, "beta": {"bn1": 0.2 + 0.2 * g[i], "bn2": 0.5}} for i, r in enumerate(rows)]
+    c2 = meta_net_clustering(rows2, g)["beta"]
+    assert c2["ari"] == 1.0 and not c2["near_constant"] and c2["between"] == pytest.approx(
+        math.sqrt((np.std([0.2, 0.4, 0.6]) ** 2 + 0) / 2))

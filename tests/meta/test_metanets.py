@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflkit.meta.metanets import MetaSpec, bnnet, clamp_ste, group_of, init_meta_params, lrnet, meta_hyperparams
+from pflkit.meta.metanets import (
+    MetaSpec, bnnet, clamp_ste, group_of, init_meta_params, input_sensitivity, lrnet, meta_hyperparams,
+)
 
 
 def test_clamp_passes_gradients_straight_through():
@@ -95,3 +97,45 @@ def test_bad_specs_are_rejected():
         clamp_ste(torch.ones(1), 1.0, 0.0)
     with pytest.raises(KeyError):
         group_of("head.weight")
+
+
+def test_hidden_gain_scales_only_the_hidden_layers():
+    """hidden_gain (not App. E's) draws the same weights as the default, the two hidden layers
+    multiplied by hidden_gain / gain, the output layer and every bias unchanged."""
+    paper = lrnet(3, 5, generator=torch.Generator().manual_seed(4))
+    wide = lrnet(3, 5, hidden_gain=1.0, generator=torch.Generator().manual_seed(4))
+    lp = [m for m in paper.body if isinstance(m, torch.nn.Linear)]
+    lw = [m for m in wide.body if isinstance(m, torch.nn.Linear)]
+    for k in (0, 1):
+        assert torch.allclose(lw[k].weight, 10.0 * lp[k].weight, rtol=1e-5, atol=1e-7)
+    assert torch.equal(lw[2].weight, lp[2].weight)
+    assert all(torch.equal(a.bias, b.bias) for a, b in zip(lp, lw))
+    spec = MetaSpec(num_bn=2, num_layers=3, num_tensors=5)
+    assert spec.hidden_gain == 0  # default: App. E (one gain for every layer)
+    lam = init_meta_params(MetaSpec(num_bn=2, num_layers=3, num_tensors=5, hidden_gain=1.0),
+                           torch.Generator().manual_seed(0))
+    base = init_meta_params(spec, torch.Generator().manual_seed(0))
+    assert torch.allclose(lam["bnnet.body.0.weight"], 10 * base["bnnet.body.0.weight"], rtol=1e-5, atol=1e-7)
+    assert torch.equal(lam["lrnet.body.4.weight"], base["lrnet.body.4.weight"])
+    for bad in (-1.0, True, "1"):
+        with pytest.raises(ValueError, match="hidden_gain"):
+            MetaSpec(num_bn=2, num_layers=3, num_tensors=5, hidden_gain=bad)
+    with pytest.raises(ValueError, match="hidden_gain"):
+        bnnet(2, hidden_gain=0.0)
+
+
+def test_input_sensitivity_is_the_jacobian_of_the_mlp():
+    spec = MetaSpec(num_bn=3, num_layers=2, num_tensors=4, hidden=8)
+    lam = init_meta_params(spec, torch.Generator().manual_seed(2))
+    nets = spec.modules()
+    xi, feats = 0.1 * torch.rand(3), 0.1 * torch.rand(4)
+    got = input_sensitivity(spec, nets, lam, xi, feats)
+    for net, x, n_out in (("bnnet", xi, 3), ("lrnet", feats, 4)):
+        w = [lam[f"{net}.body.{k}.weight"] for k in (0, 2, 4)]
+        # biases 0.5 / 1.0 dominate the gain-0.1 weights: every ReLU is active, the MLP is linear here
+        h1 = w[0] @ x + lam[f"{net}.body.0.bias"]
+        assert bool((h1 > 0).all()) and bool((w[1] @ h1 + lam[f"{net}.body.2.bias"] > 0).all())
+        jac = w[2] @ w[1] @ w[0]
+        assert got[net] == pytest.approx(float(jac.norm() / math.sqrt(n_out)), rel=1e-5)
+    # App. E's init: about 1e-4 per unit of input -- why beta / eta hardly depend on the client
+    assert 1e-5 < got["bnnet"] < 1e-3
