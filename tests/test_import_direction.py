@@ -30,7 +30,6 @@ FORBIDDEN = {
 PENDING = {
     ("pflkit.analysis.pfedhn", "pflkit.algorithms"),  # trains (train_method, fit_novel_clients, mix_and_match)
     ("pflkit.analysis.pfedhn", "pflkit.fl.loop"),
-    ("pflkit.report.fedl2p", "pflkit.runner"),  # one helper
 }
 
 

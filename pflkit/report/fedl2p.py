@@ -27,7 +27,7 @@ import pandas as pd
 from pflkit.analysis.clustering import (
     META_NET_KEYS, domain_distance_map, group_spread, meta_net_clustering, report_matrix,
 )
-from pflkit.io import read_json
+from pflkit.io import read_json, slug
 
 __all__ = ["PUBLISHED_ARI", "FT_LABELS", "report_path", "load_report", "client_info", "client_groups",
            "hyperparameter_frame", "beta_summary", "plot_hyperparameters", "plot_sparsity", "ari_table",
@@ -46,8 +46,6 @@ FT_LABELS = ("FT (BN C)", "FT (BN G)", "FT (BN I)")
 
 def report_path(run_dir, label: str = "FedL2P", seed: int = 0) -> Path:
     """``run_dir/seed{seed}/<slug(label)>.report.json`` (the runner's naming)."""
-    from pflkit.runner import slug
-
     return Path(run_dir) / f"seed{seed}" / f"{slug(label)}.report.json"
 
 
