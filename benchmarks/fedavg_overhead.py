@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env
 from pflkit.data.base import to_float
 from pflkit.data.datasets import load_dataset
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds, sample_clients
 from pflkit.models import build_model

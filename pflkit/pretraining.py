@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflkit.fl.algorithm import Env
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, ImageFiles, offline
 from pflkit.data.datasets import load_dataset
 from pflkit.data.provenance import dataset_record, weights_record
 from pflkit.experiments import ExperimentConfig, PretrainStage
+from pflkit.fl.algorithm import Env
 from pflkit.fl.train import get_state, set_state
 from pflkit.models import build_model, head_param_names
 

@@ -41,12 +41,12 @@ import torch
 import pflkit
 from pflkit import kernels
 from pflkit.algorithms import get_algorithm
-from pflkit.fl.algorithm import Env
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
 from pflkit.data.datasets import load_dataset
 from pflkit.data.provenance import weights_record
 from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import get_state, set_state

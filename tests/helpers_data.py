@@ -5,8 +5,8 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from pflkit.fl.algorithm import Env
 from pflkit.data.base import Dataset, DatasetMeta
+from pflkit.fl.algorithm import Env
 from pflkit.models import build_model
 
 

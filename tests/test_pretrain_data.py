@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.fl.algorithm import Env
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, DatasetMeta
 from pflkit.data.datasets import load_dataset
 from pflkit.experiments import NO_TRAINING, list_experiments, resolve
+from pflkit.fl.algorithm import Env
 from pflkit.io import load_torch
 from pflkit.models import build_model, head_param_names
 from pflkit.pretraining import carry_weights, check_pretrain_fits, client_data, load_pretrain_data

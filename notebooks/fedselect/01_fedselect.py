@@ -93,9 +93,9 @@ import pandas as pd
 import seaborn as sns
 
 from pflkit.algorithms import get_algorithm
-from pflkit.fl.algorithm import Env
 from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model, head_param_names

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.algorithms.fedavg import aggregate, broadcast, init, train_from
 from pflkit.config import non_negative
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
 
 

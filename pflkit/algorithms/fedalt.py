@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.algorithms.fedselect import ALT_EPOCHS, FEDSELECT, filled, finish_update, local_alt, receive
 from pflkit.config import one_of, require
+from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.fl.train import set_state
 from pflkit.models.introspect import head_param_names
 

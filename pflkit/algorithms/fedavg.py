@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.config import one_of, require
 from pflkit.fl.aggregate import weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
 
 # ---------------------------------------------------------------- participation protocol

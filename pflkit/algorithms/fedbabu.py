@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.config import non_negative, one_of, require
 from pflkit.fl.aggregate import weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
 from pflkit.models.introspect import body_param_names, head_param_names
 

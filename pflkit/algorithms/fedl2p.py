@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.aggregate import weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.train import evaluate_model, get_state
 from pflkit.meta.learner import (
     LT_MODES, META_SCHEDULES, hyperparams, meta_learn, model_spec, personalize, prepare_client, sparsity,

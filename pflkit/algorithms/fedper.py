@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
 from pflkit.config import require
 from pflkit.fl.aggregate import weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
 
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.algorithms.fedselect import FEDSELECT, filled, finish_update, masked_sgd, receive
 from pflkit.config import one_of, require
+from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.fl.train import set_state
 from pflkit.models.introspect import head_param_names
 

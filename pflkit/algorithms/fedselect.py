@@ -86,9 +86,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.config import fraction, one_of, require
 from pflkit.fl.aggregate import masked_mean, weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
 
 Mask = dict[str, torch.Tensor]  # parameter name -> bool tensor of its shape

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.config import one_of, require
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.fl.train import client_batches, evaluate_model, get_state, local_sgd, set_state
 from pflkit.models.mixed_bn import CLIENT_STATS_INIT, FT_MODES, convert_bn, mixed_bn_layers, set_bn_mode, \
     start_client_stats

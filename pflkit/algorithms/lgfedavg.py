@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pflkit.algorithms import fedper
-from pflkit.fl.algorithm import FLConfig, replace
 from pflkit.config import require
+from pflkit.fl.algorithm import FLConfig, replace
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.fl.algorithm import FLConfig, Update, replace
 from pflkit.algorithms.fedselect import FEDSELECT, filled, keep_largest, masked_sgd, receive, to_sparse
 from pflkit.config import fraction, one_of, require
+from pflkit.fl.algorithm import FLConfig, Update, replace
 from pflkit.fl.train import evaluate_model, get_state, set_state
 
 

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.config import one_of, positive, require
 from pflkit.fl.aggregate import weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.train import check_finite, evaluate_model, get_state, local_sgd, set_state
 
 

@@ -52,8 +52,8 @@ import torch
 from tqdm.auto import tqdm
 
 from pflkit.algorithms import hypernet as hn
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.config import non_negative, one_of, positive, require
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.train import evaluate_model, local_sgd
 from pflkit.models.introspect import head_param_names
 

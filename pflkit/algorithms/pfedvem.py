@@ -46,10 +46,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
 from pflkit.config import one_of, positive, require
 from pflkit.fl.aggregate import precision_weighted_mean, weighted_mean
+from pflkit.fl.algorithm import Algorithm, FLConfig, Update
 from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, set_state
 from pflkit.models.introspect import head_param_names
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
 from pflkit.config import to_dict
+from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged
 from pflkit.io import load_torch, save_torch

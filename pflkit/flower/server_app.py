@@ -50,10 +50,10 @@ from pflkit.fl.algorithm import Algorithm, Env, Update, check_config
 from pflkit.fl.loop import StageResult, _score, check_finite, eval_clients, sample_clients, summarize
 from pflkit.fl.train import Diverged, set_state
 from pflkit.flower import records
-from pflkit.flower.records import tensors_in
 from pflkit.flower.client_app import HEADER, METRICS, MSG, PAYLOAD
 from pflkit.flower.failures import FailureLog
 from pflkit.flower.nodes import NodeMap
+from pflkit.flower.records import tensors_in
 from pflkit.flower.specs import eval_spec
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Update
 from pflkit.algorithms.fedbabu import FEDBABU, aggregate
 from pflkit.config import ConfigError
+from pflkit.fl.algorithm import Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import evaluate_model, get_state, set_state

@@ -9,13 +9,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers_data import digits_dataset, digits_env  # noqa: E402
 
-from pflkit.fl.algorithm import Update  # noqa: E402
 from pflkit.algorithms.fedl2p import (  # noqa: E402
     FEDL2P, FEDL2P_BNNET, FEDL2P_FOMAML, FEDL2P_LRNET_BETA0, FEDL2P_LRNET_BETA1, L2P, VARIANTS, FedL2PConfig,
     hyperparameter_report,
 )
 from pflkit.algorithms.finetune import FINETUNE, FineTuneConfig  # noqa: E402
 from pflkit.config import ConfigError  # noqa: E402
+from pflkit.fl.algorithm import Update  # noqa: E402
 from pflkit.fl.federation import build_federation  # noqa: E402
 from pflkit.fl.loop import run_rounds  # noqa: E402
 

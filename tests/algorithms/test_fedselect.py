@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env, Update
 from pflkit.algorithms.fedselect import (
     FEDSELECT, FEDSELECT_V2, aggregate, alt_schedule, broadcast, decode_mask, eligible_names, encode_mask, filled,
     grad_ltn, keep_largest, local_alt, mask_report, masked_sgd, personalized_state, receive, to_sparse,
 )
 from pflkit.config import ConfigError
+from pflkit.fl.algorithm import Env, Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import nbytes, run_rounds
 from pflkit.fl.train import get_state

@@ -12,9 +12,9 @@ from torch.func import functional_call
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms import hypernet as hn
 from pflkit.algorithms import pfedhn
-from pflkit.fl.algorithm import Env, Update
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, DatasetMeta
+from pflkit.fl.algorithm import Env, Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model

@@ -10,9 +10,9 @@ from torch.distributions import Normal, kl_divergence
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms import pfedvem as P
-from pflkit.fl.algorithm import Update
 from pflkit.config import ConfigError
 from pflkit.data.datasets import load_dataset
+from pflkit.fl.algorithm import Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from tests.helpers_data import digits_dataset, digits_env

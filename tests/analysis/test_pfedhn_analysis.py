@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env
 from pflkit.analysis.pfedhn import (group_accuracy, mix_and_match, novel_tv, row_normalize, subfederation)
 from pflkit.data.partition import nearest_tv, total_variation
+from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model

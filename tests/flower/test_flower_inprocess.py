@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env
 from pflkit.data.datasets import load_dataset
+from pflkit.fl.algorithm import Env
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
