@@ -156,6 +156,36 @@ def test_table1_settings_of_fedrep_and_localalt(name):
     assert (lg.lr, lg.momentum, lg.batch_size) == (0.1, 0.5, 50)
 
 
+@pytest.mark.parametrize("name", ["fedselect_table1_s2", "fedselect_table1_s4", "fedselect_claim_s2"])
+@pytest.mark.parametrize("preset", ["paper", "cpu", "smoke"])
+def test_table1_baselines_use_their_authors_settings(name, preset):
+    """Sec. 3: every baseline's other hyperparameters are its authors' recommended ones, at every preset.
+
+    FedAvg (the stage LG-FedAvg starts from, LG-FedAvg's CIFAR-10 script): lr 0.1, momentum 0.5, batch 50;
+    FedPer (its paper's CIFAR setting): lr 0.01, no momentum, batch 128; FedBABU (its authors' CIFAR
+    scripts): lr 0.1, momentum 0.5, batch 50; Ditto (its authors' clean-data scripts): plain SGD lr 0.05,
+    batch 16, lambda 1; LotteryFL (its authors' command for 2-class CIFAR-10 clients of 20 samples per
+    class): lr 0.01, momentum 0.5, batch 32, 20% pruning steps to 50% above accuracy 0.1.
+    """
+    exp = resolve(name, preset=preset)
+    table = {m.label: m.config for m in exp.methods}
+    want = {
+        "FedPer": dict(lr=0.01, momentum=0.0, batch_size=128),
+        "FedBABU": dict(lr=0.1, momentum=0.5, batch_size=50),
+        "Ditto": dict(lr=0.05, momentum=0.0, batch_size=16, lam=1.0),
+        "LotteryFL": dict(lr=0.01, momentum=0.5, batch_size=32, prune_step=0.2, prune_target=0.5,
+                          acc_threshold=0.1),
+    }
+    checked = 0
+    for label, values in want.items():
+        if label in table:
+            checked += 1
+            assert {k: getattr(table[label], k) for k in values} == values, label
+    assert checked == (2 if name == "fedselect_claim_s2" else 4)
+    fedavg = exp.pretrain.config
+    assert (fedavg.lr, fedavg.momentum, fedavg.batch_size) == (0.1, 0.5, 50)
+
+
 @pytest.mark.parametrize("algo_name, options, head_steps, body_steps", [
     ("fedrep", {}, 4, 1),
     ("fedrep", {"epoch_budget": "separate"}, 10, 5),  # the earlier reading: 10 head + 5 body epochs

@@ -8,7 +8,7 @@ sample count) and ``local_epochs`` of SGD on v_k (kept). v_k starts as the first
 global model the client receives; a client never sampled is evaluated with w.
 
 lambda: Ditto tunes it per dataset over {0.05, 0.1, 0.2, 0.5, 1, 2}; ``lam = 0.1`` is
-our default. The personal model's BN running statistics are its own.
+our default (FedSelect's Table 1 sets 1, the value of the authors' clean-data scripts). The personal model's BN running statistics are its own.
 """
 from __future__ import annotations
 
