@@ -47,7 +47,7 @@ from pflkit.data.datasets import load_dataset
 from pflkit.data.provenance import weights_record
 from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import Federation, build_federation
+from pflkit.fl.federation import Federation, federation_for
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, slug, write_json
@@ -143,16 +143,9 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     return record
 
 
-def federation_of(d: DataConfig, dataset, seed: int) -> Federation:
-    """The federation that the data settings ``d`` give over ``dataset`` for one seed."""
-    return build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
-                            test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
-                            augment=d.augment, unseen_clients=d.unseen_clients, **d.partition)
-
-
 def build_seed_federation(cfg: ExperimentConfig, dataset, seed: int) -> Federation:
     """The federation of one seed, exactly as every engine builds it."""
-    return federation_of(cfg.data, dataset, seed)
+    return federation_for(cfg.data, dataset, seed)
 
 
 def check_client_splits(fed: Federation, cfg: ExperimentConfig | None = None, *, data: DataConfig | None = None,
@@ -208,7 +201,7 @@ def run_pretrain(cfg: ExperimentConfig, fed: Federation, env: Env, pre: Dataset 
         pre_dir.mkdir(exist_ok=True)
         pre_fed, pre_env = fed, env
         if st.data is not None:
-            pre_fed = federation_of(st.data, pre, env.seed)
+            pre_fed = federation_for(st.data, pre, env.seed)
             check_client_splits(pre_fed, data=st.data, key="pretrain.data", splits=("train",))
             pre_fed.save(pre_dir / "federation.npz")
             pre_env = make_env(cfg, pre_fed, env.seed)

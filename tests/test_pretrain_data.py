@@ -24,7 +24,8 @@ from pflkit.fl.algorithm import Env
 from pflkit.io import load_torch
 from pflkit.models import build_model, head_param_names
 from pflkit.pretraining import carry_weights, check_pretrain_fits, client_data, load_pretrain_data
-from pflkit.runner import RunMismatchError, federation_of, run_experiment
+from pflkit.fl.federation import federation_for
+from pflkit.runner import RunMismatchError, run_experiment
 from tests.helpers_data import digits_dataset
 
 # a tiny experiment on the embedded sklearn digits: FedAvg pretraining on its own federation, one FT
@@ -244,7 +245,7 @@ def test_cifar10c_pretraining_never_sees_a_client_image(shared_data):
     pre = load_pretrain_data(cfg)
     full = load_dataset("cifar10")
     assert len(pre.y_test) == 0 and torch.equal(pre.x_train, full.x_train)
-    fed = federation_of(cfg.pretrain.data, pre, seed=0)
+    fed = federation_for(cfg.pretrain.data, pre, seed=0)
     drawn = np.concatenate([c.splits[s] for c in fed.clients for s in ("train", "val", "test")])
     assert len(fed.x) == len(full.y_train) and np.array_equal(np.sort(drawn), np.arange(len(full.y_train)))
     # CIFAR-10-C is made of the test split: no pretraining image is one of them

@@ -81,17 +81,18 @@ import matplotlib.pyplot as plt
 
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms import hypernet as hn
-from pflkit.analysis.pfedhn import experiment_federation, method_config
+from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import nbytes, run_rounds
 from pflkit.models import count_params
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import initial_model, make_env
+from pflkit.stages import method_config
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
 exp = session.resolve("pfedhn_table1_c10_n10")
-fed = experiment_federation(exp, session.load(exp.data.dataset, **exp.data.options))
+fed = federation_for(exp.data, session.load(exp.data.dataset, **exp.data.options), exp.seed)
 env = make_env(exp, fed, seed)
 print(f"{session.dataset_label(exp)}, {fed.num_clients} clients, model {exp.model.name}, device {env.device}")
 print("train samples per client:", fed.sizes("train"))

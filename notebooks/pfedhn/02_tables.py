@@ -79,10 +79,12 @@ results_root = None
 import pandas as pd
 
 from pflkit.algorithms.pfedhn import budget_group
-from pflkit.analysis.pfedhn import experiment_federation, group_accuracy, subfederation, train_method
+from pflkit.analysis.pfedhn import group_accuracy, subfederation
+from pflkit.fl.federation import federation_for
 from pflkit.fl.train import set_state
 from pflkit.notebooks import setup
 from pflkit.runner import initial_model, make_env
+from pflkit.stages import train_method
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -130,7 +132,7 @@ if exp2.model.name != "lenet":
     exp2 = session.resolve("pfedhn_table2_budget_c10", *quick[:1], *knob, "methods.pFedHN.budget_model=mlp",
                            "methods.pFedHN.budget_option=hidden")
 size_option = exp2.methods[0].config.budget_option
-fed2 = experiment_federation(exp2, session.load(exp2.data.dataset, **exp2.data.options))
+fed2 = federation_for(exp2.data, session.load(exp2.data.dataset, **exp2.data.options), exp2.seed)
 env2 = make_env(exp2, fed2, seed)
 hn = train_method(exp2, "pFedHN", fed2, env2)
 n = fed2.num_clients

@@ -83,12 +83,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from pflkit.analysis.pfedhn import (experiment_federation, fit_novel_clients, method_config, novel_tv, subfederation,
-                                    train_method)
+from pflkit.analysis.pfedhn import novel_tv, subfederation
+from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import summarize
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
+from pflkit.stages import fit_novel_clients, method_config, train_method
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -96,7 +97,7 @@ exp = session.resolve("pfedhn_fig2_novel")
 data_label = session.dataset_label(exp)
 alphas = np.asarray(exp.data.partition["alpha"])
 num_novel = max(3, len(alphas) // 10)  # the last 10 of 100 clients (smoke: 3 of 10) are novel
-fed = experiment_federation(exp, session.load(exp.data.dataset, **exp.data.options))
+fed = federation_for(exp.data, session.load(exp.data.dataset, **exp.data.options), exp.seed)
 n = fed.num_clients
 train_fed, novel_fed = subfederation(fed, range(n - num_novel)), subfederation(fed, range(n - num_novel, n))
 print(f"{data_label}: {n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel clients, "

@@ -73,17 +73,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from pflkit.analysis.pfedhn import (client_classes, experiment_federation, method_config, mix_and_match, row_normalize,
-                                    train_method)
+from pflkit.algorithms.pfedhn import mix_and_match
+from pflkit.analysis.pfedhn import client_classes, row_normalize
+from pflkit.fl.federation import federation_for
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
+from pflkit.stages import method_config, train_method
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
 exp = session.resolve("pfedhn_fig3_mixmatch")
 data_label = session.dataset_label(exp)
-fed = experiment_federation(exp, session.load(exp.data.dataset, **exp.data.options))
+fed = federation_for(exp.data, session.load(exp.data.dataset, **exp.data.options), exp.seed)
 env = make_env(exp, fed, seed)
 res = train_method(exp, "pFedHN-PC", fed, env)
 print(f"pFedHN-PC on {data_label}, {fed.num_clients} clients: mean test accuracy {100 * res.summary['acc']:.2f}%")

@@ -75,10 +75,11 @@ import numpy as np
 
 from pflkit.algorithms.pfedhn import embeddings
 from pflkit.analysis.embeddings import embedding_report, plot_embeddings, tsne_2d
-from pflkit.analysis.pfedhn import experiment_federation, train_method
+from pflkit.fl.federation import federation_for
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
+from pflkit.stages import train_method
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -89,7 +90,7 @@ if exp.data.scheme != "domains":
                           "data.partition={ classes_per_client = 1 }")
 data_label = session.dataset_label(exp)
 dataset = session.load(exp.data.dataset, **exp.data.options)
-fed = experiment_federation(exp, dataset)
+fed = federation_for(exp.data, dataset, exp.seed)
 if exp.data.scheme == "domains":
     groups = fed.group_of_clients("alphabet")
     names = dataset.meta.group_names["alphabet"]

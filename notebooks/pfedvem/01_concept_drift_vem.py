@@ -92,7 +92,7 @@ from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.pfedvem import trust_report
 from pflkit.data.partition import concept_drift_choices
 from pflkit.experiments import resolve
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import run_rounds
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
@@ -115,8 +115,7 @@ print(f"{cfg.name} on {data_label} | partition {cfg.data.scheme} | preset {prese
 
 # %%
 d = cfg.data
-fed = build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split, test_fraction=d.test_fraction,
-                       val_fraction=d.val_fraction, task=d.task, **d.partition)
+fed = federation_for(d, dataset, seed)
 labels = fed.meta.class_names
 show = min(5, fed.num_clients)
 fig, axes = plt.subplots(show, len(labels), figsize=(1.1 * len(labels), 1.15 * show), squeeze=False)
@@ -223,9 +222,7 @@ if results_json:
 else:
     runs = {(vem.label, seed): res}
     for s in range(cfg.seed, cfg.seed + cfg.seeds):
-        fed_s = fed if s == seed else build_federation(dataset, d.scheme, d.num_clients, seed=s, split=d.split,
-                                                       test_fraction=d.test_fraction,
-                                                       val_fraction=d.val_fraction, task=d.task, **d.partition)
+        fed_s = fed if s == seed else federation_for(d, dataset, s)
         env = make_env(cfg, fed_s, s)
         for m in cfg.methods:
             if (m.label, s) not in runs:

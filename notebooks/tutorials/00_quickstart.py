@@ -73,7 +73,7 @@ seed = 0
 import matplotlib.pyplot as plt
 import numpy as np
 
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federation import federation_for
 from pflkit.notebooks import setup
 from pflkit.report.figures import plot_label_distribution, plot_methods, plot_rounds, save_figure
 from pflkit.report.tables import results_table
@@ -85,14 +85,14 @@ print(cfg.title, "|", session.dataset_label(cfg))
 
 # %% [markdown]
 # ## 1. The data and the clients
-# `build_federation` partitions the pooled samples, then holds out 20% of each client's samples for test
-# and 20% of the rest for validation (FedL2P's ratios). Each bar below is one client; colours are digit classes.
+# `federation_for` builds the experiment's clients exactly as `pflkit run` does: it partitions the pooled
+# samples, then holds out 20% of each client's samples for test and 20% of the rest for validation (FedL2P's
+# ratios). Each bar below is one client; colours are digit classes.
 
 # %%
 dataset = session.load(cfg.data.dataset, **cfg.data.options)
 d = cfg.data
-fed = build_federation(dataset, d.scheme, d.num_clients, seed=seed, split=d.split,
-                       test_fraction=d.test_fraction, val_fraction=d.val_fraction, **d.partition)
+fed = federation_for(d, dataset, seed)
 ax = plot_label_distribution(fed)
 ax.set_title(f"{session.dataset_label(cfg)}: classes per client")
 save_figure(ax.figure, session.figure("label_distribution.png"))

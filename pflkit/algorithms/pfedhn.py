@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 from pflkit.algorithms import hypernet as hn
 from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
+from pflkit.fl.federation import Federation, contiguous_group
 from pflkit.fl.train import evaluate_model, local_sgd
 from pflkit.models.introspect import head_param_names
 
@@ -168,8 +169,8 @@ class PFedHNPCConfig(PFedHNConfig):
 
 
 def budget_group(client_id: int, num_clients: int, num_groups: int) -> int:
-    """Equal contiguous groups: clients [0, n/G) are group 0 (S), and so on."""
-    return client_id * num_groups // num_clients
+    """Table 2's budget group of a client: equal contiguous groups, clients [0, n/G) are group 0 (S), and so on."""
+    return contiguous_group(client_id, num_clients, num_groups)
 
 
 def _budget_model(cfg, width: int, meta):
@@ -476,6 +477,21 @@ PFEDHN = Algorithm(
 
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)
 
+
+def mix_and_match(state, client_states: dict, fed: Federation, cfg, env, split: str = "test") -> np.ndarray:
+    """acc[i, j]: client i's data, client j's generated feature extractor, client i's own head.
+
+    For a pFedHN-PC state (sec. 5.4). The diagonal is each client's own model.
+    """
+    n = fed.num_clients
+    acc = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            model = personal_model(state, fed.clients[i], client_states.get(i), cfg, env, theta_from=j)
+            acc[i, j] = evaluate_model(model, fed.clients[i], split, device=env.device)["acc"]
+    return acc
+
+
 __all__ = ["PFEDHN", "PFEDHN_PC", "PFedHNConfig", "PFedHNPCConfig", "budget_group", "class_proportions",
-           "client_model", "embeddings", "fit_novel_clients", "fit_novel_embedding", "generate",
+           "client_model", "embeddings", "fit_novel_clients", "fit_novel_embedding", "generate", "mix_and_match",
            "novel_client_algorithm", "personal_model"]

@@ -1,9 +1,8 @@
 """Analyses behind pFedHN's figures: novel clients (Fig. 2 / 7), mix-and-match (Fig. 3), budgets (Table 2).
 
-Pure helpers over a trained stage: they take the server state, client states and
-federation that `pflkit.fl.loop.run_rounds` returns, and give arrays the notebooks
-plot. `train_method` runs one method of an experiment file on a given federation
-(the notebooks need the trained state, which ``results.json`` does not keep).
+Pure functions of federations and per-client results: they give the arrays the notebooks plot.
+Nothing here trains or runs a model: `pflkit.stages` trains a method on a chosen federation and
+`pflkit.algorithms.pfedhn.mix_and_match` evaluates the generated models.
 """
 from __future__ import annotations
 
@@ -11,12 +10,8 @@ import dataclasses
 
 import numpy as np
 
-from pflkit.algorithms import get_algorithm
-from pflkit.algorithms import pfedhn
 from pflkit.data.partition import nearest_tv
-from pflkit.fl.federation import Federation, build_federation
-from pflkit.fl.loop import StageResult, run_rounds, summarize
-from pflkit.fl.train import evaluate_model
+from pflkit.fl.federation import Federation, contiguous_group
 
 
 def subfederation(fed: Federation, ids) -> Federation:
@@ -32,50 +27,7 @@ def subfederation(fed: Federation, ids) -> Federation:
     return Federation(fed.meta, fed.x, fed.y, clients, {**fed.recipe, "subset": ids})
 
 
-def experiment_federation(exp, dataset, seed: int | None = None) -> Federation:
-    """The federation `pflkit.runner` builds for experiment ``exp`` (same call, same seed)."""
-    d = exp.data
-    return build_federation(dataset, d.scheme, d.num_clients, seed=exp.seed if seed is None else seed, split=d.split,
-                            test_fraction=d.test_fraction, val_fraction=d.val_fraction, task=d.task,
-                            augment=d.augment, **d.partition)
-
-
-def method_config(exp, label: str, **changes):
-    """(algorithm, config) of method ``label`` of a resolved experiment, with fields replaced."""
-    stages = {m.label: m for m in exp.methods}
-    if exp.pretrain is not None:
-        stages.setdefault(exp.pretrain.label, exp.pretrain)
-    if label not in stages:
-        raise ValueError(f"experiment {exp.name!r} has no method {label!r}; methods: {list(stages)}")
-    stage = stages[label]
-    return get_algorithm(stage.algorithm), dataclasses.replace(stage.config, **changes)
-
-
-def train_method(exp, label: str, fed: Federation, env, *, model=None, desc: str | None = None,
-                 **changes) -> StageResult:
-    """Train and test method ``label`` of experiment ``exp`` on ``fed``; returns the `StageResult`."""
-    algo, cfg = method_config(exp, label, **changes)
-    if model is None:
-        env.seed_torch("init")
-        model = env.model_fn().to(env.device)
-    return run_rounds(algo, cfg, fed, model, env, desc=desc)
-
-
 # ---------------------------------------------------------------- Fig. 3
-
-
-def mix_and_match(state, client_states: dict, fed: Federation, cfg, env, split: str = "test") -> np.ndarray:
-    """acc[i, j]: client i's data, client j's generated feature extractor, client i's own head.
-
-    For a pFedHN-PC state (sec. 5.4). The diagonal is each client's own model.
-    """
-    n = fed.num_clients
-    acc = np.zeros((n, n))
-    for i in range(n):
-        for j in range(n):
-            model = pfedhn.personal_model(state, fed.clients[i], client_states.get(i), cfg, env, theta_from=j)
-            acc[i, j] = evaluate_model(model, fed.clients[i], split, device=env.device)["acc"]
-    return acc
 
 
 def row_normalize(acc) -> np.ndarray:
@@ -131,28 +83,18 @@ def novel_tv(train: Federation, novel: Federation, split: str = "train", *,
     return tv[np.arange(len(tv)), nearest], nearest
 
 
-def fit_novel_clients(trained: StageResult, novel: Federation, cfg, env, *, rounds: int | None = None,
-                      init: str = "mean") -> StageResult:
-    """Sec. 5.3: freeze phi and learn each novel client's embedding (`pfedhn.fit_novel_clients`).
-
-    ``cfg.novel_fit`` picks fitting to convergence (default) or the older round budget;
-    ``rounds`` (given) selects the latter with that many rounds.
-    """
-    if rounds is not None:
-        cfg = dataclasses.replace(cfg, novel_fit="rounds", novel_rounds=rounds)
-    return pfedhn.fit_novel_clients(trained.state, novel, cfg, env, init=init)
-
-
 def generalization_gap(novel_per_client: dict, train_per_client: dict) -> float:
     """acc_novel - acc_train, each the mean over clients of per-client accuracy (Fig. 2)."""
-    return summarize(novel_per_client)["acc"] - summarize(train_per_client)["acc"]
+    def mean_acc(per_client: dict) -> float:
+        return float(np.mean([m["acc"] for m in per_client.values() if m.get("n", 1) > 0]))
+    return mean_acc(novel_per_client) - mean_acc(train_per_client)
 
 
 # ---------------------------------------------------------------- Table 2
 
 
 def group_accuracy(per_client: list[float] | np.ndarray, num_groups: int) -> list[float]:
-    """Mean accuracy of each budget group (contiguous equal groups, `pfedhn.budget_group`)."""
+    """Mean accuracy of each budget group (contiguous equal groups, as pFedHN assigns budgets)."""
     acc = np.asarray(per_client, dtype=np.float64)
-    groups = np.array([pfedhn.budget_group(i, len(acc), num_groups) for i in range(len(acc))])
+    groups = np.array([contiguous_group(i, len(acc), num_groups) for i in range(len(acc))])
     return [float(acc[groups == g].mean()) for g in range(num_groups)]

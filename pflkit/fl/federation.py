@@ -209,6 +209,23 @@ def _holdout(idx: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np
     return np.sort(idx[k:]), np.sort(idx[:k])
 
 
+def federation_for(data, dataset: Dataset, seed: int) -> "Federation":
+    """The federation an experiment's data settings give over ``dataset`` for one seed.
+
+    ``data``: an experiment's ``[data]`` (or ``[pretrain.data]``) settings, `pflkit.experiments.DataConfig`:
+    every engine, notebook and analysis builds its clients through this one call, so they all see the
+    same partition, holdouts, unseen clients and augmentation.
+    """
+    return build_federation(dataset, data.scheme, data.num_clients, seed=seed, split=data.split,
+                            test_fraction=data.test_fraction, val_fraction=data.val_fraction, task=data.task,
+                            augment=data.augment, unseen_clients=data.unseen_clients, **data.partition)
+
+
+def contiguous_group(client_id: int, num_clients: int, num_groups: int) -> int:
+    """Equal contiguous groups of client ids: clients [0, n/G) are group 0, and so on (pFedHN Table 2)."""
+    return client_id * num_groups // num_clients
+
+
 def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: int, split: str = "pool",
                      test_fraction: float = 0.2, val_fraction: float = 0.2, task: str = "label",
                      augment: str = "none", unseen_clients: int = 0, **options) -> Federation:

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.analysis.pfedhn import (group_accuracy, mix_and_match, novel_tv, row_normalize, subfederation)
+from pflkit.algorithms.pfedhn import mix_and_match
+from pflkit.analysis.pfedhn import group_accuracy, novel_tv, row_normalize, subfederation
 from pflkit.data.partition import nearest_tv, total_variation
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
