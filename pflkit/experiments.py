@@ -248,6 +248,7 @@ class ExperimentConfig:
     pretrain: PretrainStage | None
     methods: tuple[StageConfig, ...]
     published: dict = field(default_factory=dict)
+    published_detail: dict = field(default_factory=dict)  # the paper's other numbers: per-group accuracies, ARIs
     seed: int = 0
     seeds: int = 1
     kernels: str = "auto"
@@ -265,7 +266,8 @@ class ExperimentConfig:
                 "preset": self.preset, "seed": self.seed, "seeds": self.seeds, "kernels": self.kernels,
                 "device": self.device, "data": to_dict(self.data), "model": to_dict(self.model),
                 "pretrain": stage(self.pretrain), "methods": [stage(m) for m in self.methods],
-                "published": self.published, "deviations": list(self.deviations)}
+                "published": self.published, "published_detail": self.published_detail,
+                "deviations": list(self.deviations)}
 
 
 def _literal(text: str) -> Any:
@@ -437,7 +439,8 @@ def _declared_value(cfg: ExperimentConfig, key: str) -> str:
             parts = []  # -> the error below
     whole = {"data": 2, "model": 2, "pretrain": 2, "methods": 3}  # a whole section is not one setting
     value = _lookup(tree, parts) if parts and len(parts) >= whole.get(parts[0], 1) else _MISSING
-    if value is _MISSING or parts[0] in ("deviations", "published", "name", "paper", "table", "title", "preset"):
+    if value is _MISSING or parts[0] in ("deviations", "published", "published_detail", "name", "paper", "table",
+                                          "title", "preset"):
         raise ConfigError(f"deviations: {key!r} is not a setting of this experiment")
     return f"{value}"
 
@@ -453,8 +456,23 @@ def _lookup(tree: Any, parts: list[str]) -> Any:
     return tree
 
 
+def published_detail(tree: Any, key: str = "published_detail") -> dict:
+    """``[published_detail]``: the paper's numbers that are not one accuracy per method (Table 2's three
+    budget groups, Table 6's ARIs), as nested tables of numbers or lists of numbers; checked up front."""
+    require(isinstance(tree, dict), key, tree, "must be a table")
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            published_detail(v, f"{key}.{k}")
+        else:
+            values = v if isinstance(v, list) else [v]
+            require(all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values), f"{key}.{k}", v,
+                    "must be a number or a list of numbers")
+    return dict(tree)
+
+
 def _build(raw: dict, preset: str) -> ExperimentConfig:
-    known = {"experiment", "data", "model", "pretrain", "methods", "published", "seed", "seeds", "kernels", "device"}
+    known = {"experiment", "data", "model", "pretrain", "methods", "published", "published_detail", "seed", "seeds",
+             "kernels", "device"}
     extra = sorted(set(raw) - known)
     require(not extra, extra[0] if extra else "", raw.get(extra[0]) if extra else None, "unknown top-level setting")
     meta = raw.get("experiment", {})
@@ -485,7 +503,8 @@ def _build(raw: dict, preset: str) -> ExperimentConfig:
     return ExperimentConfig(
         name=meta.get("name", "experiment"), paper=meta.get("paper", ""), table=meta.get("table", ""),
         title=meta.get("title", ""), preset=preset, data=data, model=model, pretrain=pretrain, methods=methods,
-        published=dict(raw.get("published", {})), seed=seed, seeds=seeds, kernels=kernels,
+        published=dict(raw.get("published", {})), published_detail=published_detail(raw.get("published_detail", {})),
+        seed=seed, seeds=seeds, kernels=kernels,
         device=device,
     )
 

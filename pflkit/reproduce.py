@@ -48,7 +48,7 @@ STATUS_FILE = "_status.json"  # per experiment: the last batch's outcome (why on
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
 # settings that do not change a run's numbers (or only document it): not part of `config_hash`
-NOT_HASHED = ("published", "title", "deviations", "device", "kernels")
+NOT_HASHED = ("published", "published_detail", "title", "deviations", "device", "kernels")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine)
 NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"

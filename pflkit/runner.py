@@ -309,7 +309,7 @@ class RunMismatchError(ConfigError):
 
 RUN_FILE = "run.json"
 # settings that do not change the numbers a run gives (up to float tolerance) and may differ on resume
-NOT_FINGERPRINTED = ("seeds", "published", "title", "device", "kernels", "deviations")
+NOT_FINGERPRINTED = ("seeds", "published", "published_detail", "title", "device", "kernels", "deviations")
 
 
 def fingerprint(cfg: ExperimentConfig, dataset, pre=None) -> dict:

@@ -51,3 +51,18 @@ def test_unknown_experiment_and_preset():
         resolve("no-such-experiment", "cpu")
     with pytest.raises(ConfigError, match="preset"):
         resolve("demo", "laptop")
+
+
+def test_published_detail_holds_the_papers_other_numbers():
+    """[published_detail]: Table 2's budget groups and Table 6's ARIs live in the experiment files, checked up front."""
+    from pflkit.experiments import published_detail
+
+    groups = resolve("pfedhn_table2_budget_c10", preset="cpu").published_detail["groups"]
+    assert groups["pFedHN"] == [85.38, 86.92, 87.20] and len(groups) == 5
+    ari = resolve("fedl2p_table3_domainnet_a0p1", preset="cpu").published_detail["ari"]
+    assert (ari["bnnet_input"], ari["beta"], ari["lrnet_input"], ari["eta"]) == (0.27, 0.52, 0.65, 0.59)
+    assert "ari" not in resolve("fedl2p_table3_cifar10c_a0p1", preset="cpu").published_detail  # not in Table 6
+    with pytest.raises(ConfigError, match=r"published_detail\.ari\.beta"):
+        published_detail({"ari": {"beta": "high"}})
+    with pytest.raises(ConfigError, match=r"published_detail\.groups\.FedAvg"):
+        published_detail({"groups": {"FedAvg": [1.0, True]}})

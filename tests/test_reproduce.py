@@ -13,6 +13,7 @@ import pytest
 
 from pflkit import reproduce as rp
 from pflkit.cli import main
+from pflkit.experiments import resolve
 from pflkit.report import claims as cl
 from pflkit.report import compact as cp
 from pflkit.report.reproduction import build_report
@@ -248,8 +249,9 @@ def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
 
 @pytest.mark.parametrize("ari, verdict", [(0.9, "holds"), (0.2, "fails"), (None, "not run")])
 def test_claim_lrnet_input_ari(ari, verdict):
-    res = {"fedl2p_analysis_digits": fedl2p_row(80, 70, 75, dataset="digit_domains", scheme="domains", ari=ari)}
-    c = cl.fedl2p_lrnet_input_ari(res)
+    row = fedl2p_row(80, 70, 75, dataset="digit_domains", scheme="domains", ari=ari)
+    row["config"]["published_detail"] = resolve("fedl2p_analysis_digits", preset="cpu").published_detail
+    c = cl.fedl2p_lrnet_input_ari({"fedl2p_analysis_digits": row})
     assert c.verdict == verdict, c
     assert "0.72" in c.paper_value  # Table 6, DomainNet alpha = 0.5, LRNet input
 

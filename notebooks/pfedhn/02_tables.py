@@ -151,8 +151,7 @@ for g, (size, width) in enumerate(widths.items()):
                                       model=set_state(initial_model(env), fedavg.state["weights"]))}
     for label, r in runs.items():
         table2.setdefault(label, [None] * 3)[g] = 100 * r.summary["acc"]
-published = {"FedAvg": [36.91, 42.09, 47.51], "Per-FedAvg (HF)": [70.72, 72.33, 75.13],
-             "pFedMe": [81.21, 84.08, 83.15], "LG-FedAvg": [73.93, 53.13, 54.72], "pFedHN": [85.38, 86.92, 87.20]}
+published = exp2.published_detail["groups"]  # Table 2 per budget group, from the experiment file
 paper = session.paper_header(exp2)
 t2 = pd.DataFrame({(s, col): {m: (v[k] if col == "ours" else published[m][k]) for m, v in table2.items()}
                    for k, s in enumerate(widths) for col in ("ours", paper)})

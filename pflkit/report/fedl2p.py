@@ -29,18 +29,21 @@ from pflkit.analysis.clustering import (
 )
 from pflkit.io import read_json, slug
 
-__all__ = ["PUBLISHED_ARI", "FT_LABELS", "report_path", "load_report", "client_info", "client_groups",
+__all__ = ["ARI_KEYS", "published_ari", "FT_LABELS", "report_path", "load_report", "client_info", "client_groups",
            "hyperparameter_frame", "beta_summary", "plot_hyperparameters", "plot_sparsity", "ari_table",
            "plot_distance_map", "versus_finetuning", "plot_hyperparameters_by_domain", "spread_caption"]
 
-# Table 6: (BNNet input xi, BNNet output beta, LRNet input x, LRNet output eta)
-PUBLISHED_ARI = {
-    ("Caltech-10", 1000): (1.0, 1.0, 1.0, 1.0),
-    ("DomainNet", 1000): (0.65, 0.64, 0.76, 0.77),
-    ("DomainNet", 1.0): (0.70, 0.59, 0.77, 0.74),
-    ("DomainNet", 0.5): (0.52, 0.53, 0.72, 0.63),
-    ("DomainNet", 0.1): (0.27, 0.52, 0.65, 0.59),
-}
+# Table 6's columns, as an experiment file's [published_detail.ari] names them, in the order of
+# `pflkit.analysis.clustering.META_NET_KEYS` (BNNet input xi, BNNet output beta, LRNet input x, LRNet output eta)
+ARI_KEYS = ("bnnet_input", "beta", "lrnet_input", "eta")
+
+
+def published_ari(detail: dict) -> tuple | None:
+    """Table 6's four ARIs from an experiment's ``published_detail`` (None when the file has none)."""
+    ari = (detail or {}).get("ari")
+    return None if ari is None else tuple(ari.get(k) for k in ARI_KEYS)
+
+
 FT_LABELS = ("FT (BN C)", "FT (BN G)", "FT (BN I)")
 
 
