@@ -151,6 +151,29 @@ class Session:
         """The path to save figure ``name`` to (the figures folder of this session)."""
         return self.figures / name
 
+    def claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
+        """The paper's claims (`pflkit.report.claims`) checked on this notebook's runs, as a table, and the
+        paragraph that says what they mean (`claims.conclusion`), written from the verdicts.
+
+        ``names``: experiments run (or read) with `run`; ``made``: ``{experiment: (results, run folder or
+        None)}`` for results made otherwise. An experiment without results is "not run". Returns ``(frame, text)``.
+        """
+        import pandas as pd
+
+        from pflkit.io import read_json
+        from pflkit.report.claims import check_all, conclusion
+        from pflkit.report.compact import analysis
+
+        runs = {name: (read_json(f / "results.json"), f) for name in names
+                if ((f := self.run_dir(name, results_root)) / "results.json").exists()}
+        runs.update(made or {})
+        found = {name: {**res, "analysis": analysis(Path(folder), res) if folder else {}}
+                 for name, (res, folder) in runs.items()}
+        checked = [c for c in check_all(found) if c.paper == paper]
+        frame = pd.DataFrame([{"claim": c.text, "verdict": c.verdict, "paper": c.paper_value, "ours": c.ours,
+                               "why": c.reason} for c in checked])
+        return frame, conclusion(checked, self.preset)
+
 
 def _preset_of(path: Path) -> str | None:
     if not path.exists():

@@ -425,3 +425,16 @@ def test_notebook_key_follows_the_results_of_its_paper(tmp_path):
     assert first != missing and key() == first
     compact.write_text(json.dumps({"fingerprint": {"config": "b", "code": None}}))
     assert key() != first and key({"source": "x"}) != key()
+
+
+def test_conclusion_is_written_from_the_verdicts():
+    """A notebook's closing paragraph counts and names what holds, fails (with why) and was not run."""
+    ok = cl.ClaimResult("a", "fedl2p", "A holds", cl.HOLDS, "p1", "o1", "r1")
+    bad = cl.ClaimResult("b", "fedl2p", "B", cl.FAILS, "p2", "o2", "because of x")
+    skip = cl.ClaimResult("c", "fedl2p", "C", cl.NOT_RUN, "p3", "-", "needs y")
+    text = cl.conclusion([ok, bad, skip], "cpu")
+    assert text.startswith("At the `cpu` preset, on the runs above, 1 of the paper's 3 checked claim(s) hold, 1 fail "
+                           "and 1 could not be checked.")
+    assert "Fails: B: because of x (ours: o2; paper: p2)." in text and "Not checked here" in text and ": C." in text
+    assert "may hold at `paper`" in text and "may hold" not in cl.conclusion([ok], "paper")
+    assert cl.conclusion([], "cpu") == "No claim of this paper is checked by pflkit."

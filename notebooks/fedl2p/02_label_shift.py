@@ -149,3 +149,13 @@ table.round(2)
 by_alpha = [r for r in runs if r["config"]["table"] == "Table 2"]
 if len(by_alpha) > 1:
     print(compare_table(by_alpha, "data.partition.alpha").round(2))
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+claims, meaning = session.claims("fedl2p", [name, *(p.parent.name for p in found)], results_root)
+print(meaning)
+claims

@@ -176,3 +176,13 @@ if groups is not None:  # None: the clients carry no groups (see above)
 fig = plot_hyperparameters(report, f"{name} ({data_label}): {label}'s hyperparameters (preset {preset})")
 save_figure(fig, session.figure(f"{name}_hyperparameters.png"))
 plt.show()
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+claims, meaning = session.claims("fedl2p", [name], results_root)
+print(meaning)
+claims

@@ -134,3 +134,13 @@ pools = [c.get("pool", "seen") for c in client_info(run_dir, seed)]
 frame = pd.DataFrame([{"client": r["client"], "pool": p, "mean beta": np.mean(list(r["beta"].values())),
                        "sparsity": r["sparsity"]} for r, p in zip(report, pools)])
 frame.round(3)
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+claims, meaning = session.claims("fedl2p", [name], results_root)
+print(meaning)
+claims

@@ -180,3 +180,13 @@ for label, rows in scenarios.items():
 ax = plot_sparsity(scenarios)
 save_figure(ax.figure, session.figure("fedl2p_sparsity_by_scenario.png"))
 plt.show()
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+claims, meaning = session.claims("fedl2p", [experiment], results_root)
+print(meaning)
+claims

@@ -274,3 +274,14 @@ for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     ax.legend(fontsize=8)
 save_figure(fig, session.figure("fig2_accuracy_vs_p.png"))
 plt.show()
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+claims, meaning = session.claims("fedselect", made={f"fedselect_table1_s{s}": (r, session.out / f"s{s}")
+                                                          for s, r in results.items()})
+print(meaning)
+claims

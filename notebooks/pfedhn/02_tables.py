@@ -158,3 +158,13 @@ t2 = pd.DataFrame({(s, col): {m: (v[k] if col == "ours" else published[m][k]) fo
 print(f"Table 2 on {session.dataset_label(exp2)}, preset {preset}: test accuracy (%) per budget group "
       "(Per-FedAvg: the paper does not say which variant)")
 t2.round(2)
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+claims, meaning = session.claims("pfedhn", names, results_root)
+print(meaning)
+claims

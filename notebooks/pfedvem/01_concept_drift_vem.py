@@ -254,3 +254,15 @@ for ds_name, ns in (("cifar100", (50, 100, 200)), ("sun397", (50, 100, 200))):
     for n in ns:
         paper[f"{ds_name} {n}"] = resolve(f"pfedvem_table1_{ds_name}_n{n}", "paper").published
 pd.DataFrame(paper).reindex(["Local", "FedAvg", "pFedME", "pFedPer", "pFedHN", "pFedMAP", "pFedVEM"])
+
+# %% [markdown]
+# ## What these numbers mean
+# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
+# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+
+# %%
+made = {"methods": {lab: {"status": "ok", "acc_mean": float(row["ours (%)"]), "published": cfg.published.get(lab)}
+                    for lab, row in table.iterrows()}, "config": cfg.to_dict()}
+claims, meaning = session.claims("pfedvem", made={cfg.name: (made, None)})
+print(meaning)
+claims

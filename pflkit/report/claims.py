@@ -264,3 +264,22 @@ CLAIMS = (fedl2p_beta_by_shift, fedl2p_matches_best_ft, fedl2p_lrnet_input_ari, 
 def check_all(results: Results) -> list[ClaimResult]:
     """Every claim of `CLAIMS` over one preset's compact results."""
     return [fn(results) for fn in CLAIMS]
+
+
+def conclusion(claims: list[ClaimResult], preset: str) -> str:
+    """What the checked claims say, in one paragraph written from their verdicts (never from a preset's
+    expected outcome): how many hold, which fail and why, which were not run."""
+    if not claims:
+        return "No claim of this paper is checked by pflkit."
+    by = {v: [c for c in claims if c.verdict == v] for v in (HOLDS, FAILS, NOT_RUN)}
+    parts = [f"At the `{preset}` preset, on the runs above, {len(by[HOLDS])} of the paper's {len(claims)} checked "
+             f"claim(s) hold, {len(by[FAILS])} fail and {len(by[NOT_RUN])} could not be checked."]
+    parts += [f"Holds: {c.text} (ours: {c.ours}; paper: {c.paper_value})." for c in by[HOLDS]]
+    parts += [f"Fails: {c.text}: {c.reason} (ours: {c.ours}; paper: {c.paper_value})." for c in by[FAILS]]
+    if by[NOT_RUN]:
+        parts.append("Not checked here (they need runs this notebook did not make): "
+                     + "; ".join(c.text for c in by[NOT_RUN]) + ".")
+    if preset != "paper":
+        parts.append("Sizes at this preset are smaller than the paper's, so a failing claim may hold at `paper`; "
+                     "REPRODUCTION.md lists every preset's verdicts.")
+    return " ".join(parts)
