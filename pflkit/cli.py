@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "--report writes REPRODUCTION.md")
     p.add_argument("--preset", choices=["smoke", "cpu", "paper"],
                    help="sizes (default: cpu; with --report: every preset found)")
-    p.add_argument("--paper", help="only this paper's experiments (fedl2p, pfedhn, fedselect, pfedvem, tutorials)")
+    p.add_argument("--paper", help="only this paper's experiments (fedl2p, pfedhn, fedselect, pfedvem, tutorials; "
+                   "matrix: every method on every heterogeneity, then its table and heatmap)")
     p.add_argument("--only", metavar="PATTERN", help="experiment names: comma-separated globs or substrings")
     p.add_argument("--results", default="results", help="compact results folder (default: results)")
     p.add_argument("--work", help="full run folders, kept for resuming (default: runs/reproduce/PRESET)")

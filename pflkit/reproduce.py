@@ -389,7 +389,27 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
                 bar.update(next(steps))
         finally:
             bar.close()
+        outcomes += _matrix_outputs(selection, preset, results_dir, work)
     return outcomes
+
+
+def _matrix_outputs(selection: dict[str, Path], preset: str, results_dir, work: Path) -> list[Outcome]:
+    """When the batch includes the cross-paper matrix (``catalog/matrix/``): its table and heatmap
+    (`pflkit.report.matrix`), in the repository's ``figures/matrix/`` (at ``smoke``, in the work folder)."""
+    from pflkit.report.matrix import PAPER, declared_exclusions, write_matrix
+    from pflkit.report.reproduction import load_results
+
+    if not any(p.parent.name == PAPER for p in selection.values()):
+        return []
+    from pflkit.notebooks import figures_root
+
+    folder = work / PAPER if preset == "smoke" else figures_root() / PAPER
+    t0 = time.perf_counter()
+    try:
+        md, png = write_matrix(load_results(results_dir).get(preset, {}), preset, folder, declared_exclusions())
+    except Exception as e:  # noqa: BLE001 - the runs are kept; only the rendering failed
+        return [Outcome(f"{PAPER} table and figure", FAILED, _one_line(e), time.perf_counter() - t0)]
+    return [Outcome(f"{PAPER} table and figure", DONE, f"{md}, {png}", time.perf_counter() - t0)]
 
 
 def _weights(seconds: list) -> list[float]:

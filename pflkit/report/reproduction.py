@@ -22,6 +22,7 @@ PAPERS = {
     "fedselect": "FedSelect: Customized Selection of Parameters for Fine-Tuning in PFL (Tamirisa et al.)",
     "pfedvem": "pFedVEM / pFedMAP: PFL with Label Concept Drift (Zhu, Ma, Blaschko, FL-NeurIPS'22)",
     "tutorial": "Tutorials",
+    "matrix": "Cross-paper matrix: every method on every offline heterogeneity (pflkit's own, no paper)",
 }
 # (paper, dataset used) -> the paper's dataset whose published numbers the row is compared with;
 # an experiment file may say it itself: [experiment] stands_in_for = "..."
@@ -210,7 +211,21 @@ def build_report(results_dir="results", presets=None, *, catalog=None, with_cata
         status = read_json(status_path) if status_path.exists() else {}
         experiments = _catalog(preset, catalog) if with_catalog else {}
         parts.append(preset_section(preset, found.get(preset, {}), status, experiments))
+        parts.append(_matrix_section(preset, found.get(preset, {})))
     return "\n".join(parts)
+
+
+def _matrix_section(preset: str, results: dict[str, dict]) -> str:
+    """"Cross-paper matrix" (`pflkit.report.matrix`): method x scenario, when the preset has matrix results."""
+    from pflkit.report.matrix import best_text, declared_exclusions, matrix_results, matrix_table
+
+    if not matrix_results(results):
+        return ""
+    return "\n".join([f"### Cross-paper matrix (preset `{preset}`)", "", matrix_table(results, declared_exclusions()),
+                      "Best method per scenario:", "", best_text(results),
+                      ("Figure: none at smoke (written to the batch's work folder); " if preset == "smoke" else
+                       f"Figure: `figures/matrix/matrix_{preset}.png`; ")
+                      + f"command: `pflkit reproduce --paper matrix --preset {preset}`.", ""])
 
 
 def write_report(results_dir="results", output="REPRODUCTION.md", presets=None, **kwargs) -> Path:
