@@ -103,8 +103,13 @@ def _cmd_reproduce(args) -> int:
     if args.report:
         from pflkit.report.reproduction import write_report
 
+        from pflkit.report.readme import sync_readme
+
         path = write_report(args.results, args.output, presets=[args.preset] if args.preset else None)
         print(f"wrote {path}")
+        if args.readme and Path(args.readme).exists():
+            changed = sync_readme(args.readme, args.results)
+            print(f"{args.readme}: {len(changed)} results table(s) regenerated" + "".join(f"\n  {c}" for c in changed))
         return 0
     import time
 
@@ -186,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="only write the reproduction report from --results")
     p.add_argument("--output", default="REPRODUCTION.md", help="the report's path (default: REPRODUCTION.md)")
+    p.add_argument("--readme", default="README.md",
+                   help="with --report: regenerate this file's results tables from --results (default: README.md)")
     p.set_defaults(fn=_cmd_reproduce)
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True)

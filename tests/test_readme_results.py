@@ -1,0 +1,73 @@
+"""The README's result tables come from the committed compact results (`pflkit.report.readme`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pflkit.report.readme import blocks, render, stale_blocks, sync_readme, sync_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compact(name: str, methods: dict, published=None, seeds=1) -> dict:
+    return {"experiment": name, "command": f"pflkit reproduce --preset cpu --only {name}",
+            "deviations": ["model.options"], "timing": {"wall_seconds": 600.0},
+            "data": {"source": "cifar10_small.npz (subset)"},
+            "config": {"data": {"dataset": "cifar10"}, "published": published or {}, "seeds": seeds},
+            "methods": methods}
+
+
+def ok(acc, std=0.0, seeds=1):
+    return {"status": "ok", "acc_mean": acc, "acc_std": std, "per_seed": [acc] * seeds}
+
+
+def write(tmp_path, preset, res):
+    folder = tmp_path / "results" / preset
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{res['experiment']}.json").write_text(json.dumps(res))
+
+
+def test_render_cells_by_hand():
+    a = compact("exp_a", {"FedAvg": ok(33.54), "Ditto": {"status": "diverged"}}, published={"FedAvg": 33.5})
+    b = compact("exp_b", {"FedAvg": ok(40.04, std=1.26, seeds=3), "Local": ok(70.0)}, seeds=3)
+    text = render([a, b])
+    rows = text.splitlines()
+    assert rows[0] == "| method | `exp_a` | `exp_b` |"
+    assert rows[2] == "| FedAvg | 33.5 (33.5) | 40.0 ± 1.3 |"   # ± only with several seeds
+    assert rows[3] == "| Ditto | diverged | - |"                  # a status, never a number, when not ok
+    assert rows[4] == "| Local | - | 70.0 |"
+    assert "`exp_b`: CIFAR-10 (offline subset); seeds 3; declared deviations: `model.options`, 10 min here." in text
+    assert "`pflkit reproduce --preset cpu --only exp_a`" in text
+
+
+def test_sync_fills_then_detects_a_changed_number(tmp_path):
+    write(tmp_path, "cpu", compact("exp_a", {"FedAvg": ok(50.0)}))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results cpu: exp_a -->\nhand-typed 99.9\n<!-- /results -->\noutro\n")
+    assert stale_blocks(readme.read_text(), tmp_path / "results") == ["cpu: exp_a"]
+    assert sync_readme(readme, tmp_path / "results") == ["cpu: exp_a"]
+    text = readme.read_text()
+    assert "| FedAvg | 50.0 |" in text and "99.9" not in text and text.startswith("intro\n") and text.endswith("outro\n")
+    assert stale_blocks(text, tmp_path / "results") == [] and sync_text(text, tmp_path / "results") == text
+    write(tmp_path, "cpu", compact("exp_a", {"FedAvg": ok(51.0)}))   # a new run: the README is now stale
+    assert stale_blocks(text, tmp_path / "results") == ["cpu: exp_a"]
+
+
+def test_a_block_without_its_result_names_the_experiment(tmp_path):
+    (tmp_path / "results" / "cpu").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="exp_missing.*pflkit reproduce --preset cpu --only exp_missing"):
+        stale_blocks("<!-- results cpu: exp_missing -->\n<!-- /results -->", tmp_path / "results")
+
+
+def test_block_parsing():
+    text = "<!-- results cpu: a, b -->\nx\n<!-- /results -->\n<!-- results smoke: c -->\n<!-- /results -->"
+    assert [(b.preset, b.names, b.body) for b in blocks(text)] == [("cpu", ("a", "b"), "x\n"), ("smoke", ("c",), "")]
+
+
+def test_readme_tables_agree_with_committed_results():
+    """The sync test: every generated table of README.md equals what results/ gives (`pflkit reproduce --report`)."""
+    text = (ROOT / "README.md").read_text()
+    assert blocks(text), "README.md has no generated results table"
+    assert stale_blocks(text, ROOT / "results") == [], "run `pflkit reproduce --report` to regenerate the README's tables"
