@@ -71,3 +71,12 @@ def test_readme_tables_agree_with_committed_results():
     text = (ROOT / "README.md").read_text()
     assert blocks(text), "README.md has no generated results table"
     assert stale_blocks(text, ROOT / "results") == [], "run `pflkit reproduce --report` to regenerate the README's tables"
+
+
+def test_reproduction_report_agrees_with_committed_results(monkeypatch):
+    """REPRODUCTION.md is `pflkit reproduce --report --preset cpu` over the committed results and catalog."""
+    from pflkit.report.reproduction import build_report
+
+    monkeypatch.chdir(ROOT)
+    assert (ROOT / "REPRODUCTION.md").read_text() == build_report("results", ["cpu"]), \
+        "run `pflkit reproduce --report --preset cpu` to regenerate REPRODUCTION.md"
