@@ -40,3 +40,15 @@ def test_label_distribution_plot(tmp_path):
 def test_smoke_tables_say_their_numbers_are_meaningless():
     smoke = {**RES, "config": {**RES["config"], "preset": "smoke"}}
     assert "meaningless" in format_table(smoke) and "meaningless" not in format_table(RES)
+
+
+def test_round_plots_show_accuracy_in_percent():
+    """Validation accuracy is stored as a fraction and plotted in %, like every table."""
+    from pflkit.report.figures import plot_rounds
+
+    res = {"rounds": {"FedAvg": {"seed0": [{"round": 1, "val_acc": 0.25, "train_loss": 2.0},
+                                           {"round": 2, "val_acc": 0.5, "train_loss": 1.0}]}}}
+    ax = plot_rounds(res, "val_acc")
+    assert list(ax.lines[0].get_ydata()) == [25.0, 50.0] and ax.get_ylabel() == "validation accuracy (%)"
+    ax = plot_rounds(res, "train_loss")
+    assert list(ax.lines[0].get_ydata()) == [2.0, 1.0] and ax.get_ylabel() == "training loss"

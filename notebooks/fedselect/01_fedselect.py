@@ -231,7 +231,7 @@ for label in [k for k in acc if k.startswith("FedSelect")]:
 # (the same run as its Table 1 row: same seed, same federation; kept as a checkpoint in `out_dir`).
 
 # %%
-fig, axes = plt.subplots(1, len(SETTINGS), figsize=(6 * len(SETTINGS), 5))
+fig, axes = plt.subplots(1, len(SETTINGS), figsize=(5.5 * len(SETTINGS) + 1, 5.2), layout="constrained")
 for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
     stage = next(m for m in cfg.methods if m.label == "FedSelect (0.50)")
@@ -244,11 +244,13 @@ for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     head = head_param_names(run_env.model_fn())
     iou = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
     sns.heatmap(iou, vmin=0, vmax=1, cmap="viridis", annot=len(iou) <= 10, fmt=".2f", ax=ax, square=True,
-                annot_kws={"size": 6})
+                annot_kws={"size": 7}, cbar=False)
     share = np.mean([density(masks[c], head) for c in masks])
-    ax.set_title(f"s = {s}: IoU of head masks ({share:.1%} personal on average)", fontsize=10)
+    ax.set_title(f"s = {s}: IoU of head masks\n({share:.1%} of entries personal on average)", fontsize=10)
     ax.set_xlabel("client")
     ax.set_ylabel("client")
+fig.colorbar(plt.cm.ScalarMappable(norm=plt.Normalize(0, 1), cmap="viridis"), ax=axes, shrink=0.8,
+             label="IoU of two clients' personal masks")
 fig.suptitle(f"Fig. 1 on {data_label}, preset {preset}", fontsize=10)
 save_figure(fig, session.figure("fig1_mask_iou.png"))
 plt.show()

@@ -84,6 +84,7 @@ import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 import torch
@@ -182,9 +183,14 @@ print(f"pFedVEM on {data_label}, seed {seed}: {100 * res.summary['acc']:.1f}% me
 em.sort_values("rho2").round(5).head(10)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
 sc = axes[0].scatter(em["n_train"], em["rho2"], c=em["||mu-w||^2/D"], cmap="viridis")
-fig.colorbar(sc, ax=axes[0], label="||mu_j - w||^2 / D")
+bar = fig.colorbar(sc, ax=axes[0], label="||mu_j - w||^2 / D")
+# the values are small and close together: plain scientific ticks, no "+1e-5"-style offset above the axis
+axes[0].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
+bar.formatter = matplotlib.ticker.ScalarFormatter(useOffset=False)
+bar.formatter.set_powerlimits((-3, 3))
+bar.update_ticks()
 axes[0].set_xlabel("client train samples n_j")
 axes[0].set_ylabel("rho_j^2")
 axes[0].set_title("each client's spread (Eq. 7)")
@@ -193,7 +199,6 @@ axes[1].axhline(0, color="k", lw=0.8)
 axes[1].set_xlabel("client")
 axes[1].set_ylabel("weight in w vs equal weights (%)")
 axes[1].set_title("the server's trust tau_j")
-fig.tight_layout()
 save_figure(fig, session.figure("vem_client_trust.png"))
 plt.show()
 

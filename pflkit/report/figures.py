@@ -68,17 +68,21 @@ def plot_methods(results: dict, ax=None):
     return ax
 
 
+ROUND_METRICS = {"val_acc": "validation accuracy (%)", "train_loss": "training loss", "val_loss": "validation loss"}
+
+
 def plot_rounds(results: dict, metric: str = "val_acc", ax=None):
-    """A per-round metric of every trained stage (first seed)."""
+    """A per-round metric of every trained stage (first seed); accuracies in %, as in every table."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.5))
+    scale = 100.0 if metric.endswith("acc") else 1.0
     for label, seeds in results["rounds"].items():
         hist = next(iter(seeds.values()), [])
         xs = [h["round"] for h in hist if h.get(metric) is not None]
-        ys = [h[metric] for h in hist if h.get(metric) is not None]
+        ys = [scale * h[metric] for h in hist if h.get(metric) is not None]
         if xs:
             ax.plot(xs, ys, marker=".", label=label)
     ax.set_xlabel("round")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(ROUND_METRICS.get(metric, metric + (" (%)" if scale != 1 else "")))
     ax.legend(fontsize=8)
     return ax
