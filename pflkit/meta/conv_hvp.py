@@ -45,6 +45,16 @@ def _conv_backward(gy, x, w, bias_numel: int | None, geom, mask) -> tuple:
                                                groups, list(mask))
 
 
+def _sum_like(like: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of ``terms`` broadcast to ``like``'s shape (zeros when there is none)."""
+    if not terms:
+        return torch.zeros_like(like)
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out if out.shape == like.shape else out.expand_as(like)
+
+
 class _ConvGrad(torch.autograd.Function):
     """``(gy, x, w) -> (gx, gw, gb)``: a convolution's backward, differentiable (module docstring)."""
 
@@ -61,14 +71,11 @@ class _ConvGrad(torch.autograd.Function):
         stride, padding, dilation, groups = ctx.geom
         need_gy, need_x, need_w = ctx.needs_input_grad[:3]
         d_gy = d_x = d_w = None
-        if need_gy:
-            d_gy = torch.zeros_like(gy)
-            if ux is not None:
-                d_gy = d_gy + F.conv2d(ux, w, None, stride, padding, dilation, groups)
-            if uw is not None:
-                d_gy = d_gy + F.conv2d(x, uw, None, stride, padding, dilation, groups)
-            if ub is not None:
-                d_gy = d_gy + ub.reshape(1, -1, *([1] * (gy.dim() - 2)))
+        if need_gy:  # <(gx, gw, gb), (ux, uw, ub)> is linear in gy: the forward convolutions
+            terms = [F.conv2d(ux, w, None, stride, padding, dilation, groups) if ux is not None else None,
+                     F.conv2d(x, uw, None, stride, padding, dilation, groups) if uw is not None else None,
+                     ub.reshape(1, -1, 1, 1) if ub is not None else None]
+            d_gy = _sum_like(gy, [t for t in terms if t is not None])
         if need_x and uw is not None:  # <wgrad(x, gy), uw> is linear in x: the input gradient for weight uw
             d_x = _conv_backward(gy, x, uw, None, ctx.geom, (True, False, False))[0]
         if need_w and ux is not None:  # <conv^T(gy, w), ux> is linear in w: the weight gradient of input ux

@@ -104,9 +104,11 @@ class SmallConvNet(nn.Module):
         return self.fc(h.flatten(1))
 
 
-@pytest.fixture(scope="module")
-def fedl2p_losses():
-    """L_T (last_step, evaluation mode), L_V, theta and lambda as a FedL2P client builds them."""
+@pytest.fixture(scope="module", params=["last_step", "lookahead"])
+def fedl2p_losses(request):
+    """L_T, L_V, theta and lambda as a FedL2P client builds them: L_T through the last fine-tuning
+    step (evaluation mode, the default) or an extra second-order look-ahead step (training mode,
+    whose Hessian-vector products take third derivatives of the convolutions)."""
     torch.manual_seed(0)
     model = SmallConvNet().double()
     with torch.no_grad():
@@ -136,8 +138,9 @@ def fedl2p_losses():
     copies = {n: b.clone() for n, b in buffers.items()}
     loss0 = F.cross_entropy(forward(model, dict(zip(names, th0)), copies, xs[0], beta=beta0, training=True), ys[0])
     grads = [t.detach() for t in torch.autograd.grad(loss0, th0)]
-    train_loss, val_loss, _ = meta_losses(model, names, hyper, buffers, (xs[2], ys[2]), lt_mode="last_step",
-                                          loss_b=(xs[1], ys[1]), grads=grads)
+    train_loss, val_loss, _ = meta_losses(model, names, hyper, buffers, (xs[2], ys[2]), lt_mode=request.param,
+                                          loss_b=(xs[1], ys[1]), step_b=(xs[0], ys[0]), grads=grads,
+                                          second_order=request.param == "lookahead")
     return train_loss, val_loss, [p.detach() for p in params.values()], [lam[k] for k in keys]
 
 
