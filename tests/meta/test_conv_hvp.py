@@ -61,6 +61,15 @@ def test_first_and_second_derivatives_match_autograd(geom, tol):
     assert all(float(e.detach().abs().max()) > 1e-3 for e in want)  # every comparison is informative
 
 
+def test_a_frozen_weight_is_a_constant_of_both_derivatives(tol):
+    x, w, b, args = _conv_problem(GEOMETRIES[1])
+    w = w.detach()  # e.g. a layer whose learning rate is fixed at zero
+    want = _second_order(F.conv2d, x, w, b, args)
+    got = _second_order(conv2d, x, w, b, args)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, **tol[D])
+
+
 @pytest.mark.parametrize("geom", GEOMETRIES[:2])
 def test_second_derivative_passes_a_numerical_check(geom):
     x, w, b, (stride, pad, dil, groups) = _conv_problem(geom)
