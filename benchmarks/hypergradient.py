@@ -8,7 +8,9 @@ All three are computed in one process on the same model and the same batches:
   gradient on the first batch, the loss on the second, evaluation mode) or with an extra
   look-ahead step (``--lt-mode lookahead``: a step batch and a loss batch, training mode),
   ``L_V`` on a validation batch, lambda = the BNNet / LRNet weights and eta_tilde, at a
-  fine-tuned theta (here: the pretrained weights, the cost does not depend on where);
+  fine-tuned theta (here: the pretrained weights, the cost does not depend on where); with
+  ``--compare-old`` also "IFT (old)", the same hypergradient with autograd's own convolution double
+  backward (``cheap_conv=False``);
 * FO-MAML: `fo_maml_metagrad` (one inner step on the training batch, the outer gradient
   on the validation batch);
 * HF-MAML: `hf_maml_metagrad` (FO-MAML plus a finite-difference Hessian-vector product,
@@ -24,6 +26,7 @@ call (a dispatch-mode tracker; the model's weights and the batches are excluded 
     python benchmarks/hypergradient.py                       # CIFAR ResNet-18, batch 32
     python benchmarks/hypergradient.py --model lenet --repeats 20
     python benchmarks/hypergradient.py --lt-mode lookahead   # pflkit's earlier L_T
+    python benchmarks/hypergradient.py --compare-old         # also the IFT before pflkit.meta.conv_hvp
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from pflkit.meta.functional import forward, model_tensors
+from pflkit.meta.conv_hvp import cheap_conv_double_backward
 from pflkit.meta.hypergrad import fo_maml_metagrad, hf_maml_metagrad, ift_hypergrad
 from pflkit.meta.learner import LT_MODES, meta_losses
 from pflkit.meta.linear_solve import neumann
@@ -114,6 +118,8 @@ def setup(model_name: str, batch_size: int, device: torch.device, seed: int = 0,
     theta, lm = list(params.values()), [lam[k] for k in keys]
     return {
         "IFT": lambda: ift_hypergrad(train_loss, val_loss, theta, lm, solve=partial(neumann, steps=3, psi=0.1)),
+        "IFT (old)": lambda: ift_hypergrad(train_loss, val_loss, theta, lm, solve=partial(neumann, steps=3, psi=0.1),
+                                           cheap_conv=False),
         "FO-MAML": lambda: fo_maml_metagrad(lambda t: ce(t, batches[0]), lambda t: ce(t, batches[2]), theta,
                                             alpha=1e-3),
         "HF-MAML": lambda: hf_maml_metagrad(lambda t: ce(t, batches[0]), lambda t: ce(t, batches[2]), theta,
@@ -122,14 +128,18 @@ def setup(model_name: str, batch_size: int, device: torch.device, seed: int = 0,
     }, sum(p.numel() for p in params.values()), sum(v.numel() for v in lam.values())
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter  # set by --clock
+
+
 def timed(fn, device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    t = time.perf_counter()
+    t = clock()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t
+    return clock() - t
 
 
 def peak_bytes(fn, device) -> int:
@@ -145,30 +155,36 @@ def peak_bytes(fn, device) -> int:
     return tracker.peak
 
 
-def ift_breakdown(parts, device) -> dict[str, float]:
-    """Seconds of Alg. 2's pieces: d L_V, the graph of d_theta L_T, Q = 3 HVPs, the mixed product."""
+def ift_breakdown(parts, device, cheap_conv: bool = True) -> dict[str, float]:
+    """Seconds of Alg. 2's pieces: d L_V, the graph of d_theta L_T, Q = 3 HVPs, the mixed product.
+
+    ``cheap_conv``: the graph built as `ift_hypergrad` builds it (convolutions of
+    `pflkit.meta.conv_hvp`), or with autograd's own convolution double backward (the old IFT).
+    """
     from pflkit.meta.hypergrad import leaves
 
     train_loss, val_loss, theta, lm = parts
     out = {}
     th, la = leaves(theta), leaves(lm)
-    t0 = time.perf_counter()
+    t0 = clock()
     g = torch.autograd.grad(val_loss(th, la), th + la, allow_unused=True)
-    out["d L_V (theta, lambda)"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dt = torch.autograd.grad(train_loss(th, la), th, create_graph=True)
-    out["d_theta L_T with graph"] = time.perf_counter() - t0
+    out["d L_V (theta, lambda)"] = clock() - t0
+    t0 = clock()
+    with cheap_conv_double_backward(cheap_conv):
+        lt = train_loss(th, la)
+    dt = torch.autograd.grad(lt, th, create_graph=True)
+    out["d_theta L_T with graph"] = clock() - t0
     v = [x.detach() if x is not None else torch.zeros_like(t) for x, t in zip(g[:len(th)], th)]
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(3):
         pairs = [(d, u) for d, u in zip(dt, v) if d.requires_grad]
         hv = torch.autograd.grad([d for d, _ in pairs], th, [u for _, u in pairs], retain_graph=True, allow_unused=True)
         v = [u - 0.1 * (h if h is not None else 0) for u, h in zip(v, hv)]
-    out["3 Hessian-vector products"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    out["3 Hessian-vector products"] = clock() - t0
+    t0 = clock()
     pairs = [(d, u) for d, u in zip(dt, v) if d.requires_grad]
     torch.autograd.grad([d for d, _ in pairs], la, [u for _, u in pairs], allow_unused=True)
-    out["mixed product (d_lambda d_theta L_T)"] = time.perf_counter() - t0
+    out["mixed product (d_lambda d_theta L_T)"] = clock() - t0
     return out
 
 
@@ -181,16 +197,23 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--lt-mode", default="last_step", choices=LT_MODES,
                     help="FedL2P's L_T: through the last fine-tuning step (default) or an extra look-ahead step")
+    ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                    help="wall time, or this process's CPU time (with --threads 1: robust to other jobs "
+                         "sharing the CPU; CPU runs only)")
+    ap.add_argument("--compare-old", action="store_true",
+                    help="also time the earlier IFT (autograd's convolution double backward) and its breakdown")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.batch_size < 1:
         raise SystemExit("--repeats and --batch-size must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
+    global clock
+    clock = CLOCKS[args.clock]
     device = torch.device(args.device)
     fns, n_theta, n_lam = setup(args.model, args.batch_size, device, lt_mode=args.lt_mode)
-    methods = ("IFT", "FO-MAML", "HF-MAML")
+    methods = ("IFT", "FO-MAML", "HF-MAML") + (("IFT (old)",) if args.compare_old else ())
     print(f"{args.model}, batch {args.batch_size}, device {device}, {torch.get_num_threads()} threads, "
-          f"L_T {args.lt_mode}: "
+          f"L_T {args.lt_mode}, {args.clock} clock: "
           f"{n_theta:,} model parameters, {n_lam:,} meta-parameters (lambda)")
     for m in methods:  # warm-up (allocator, kernels)
         fns[m]()
@@ -203,15 +226,19 @@ def main(argv=None):
     print(f"\n{'meta-gradient':10s} {'median s':>9s} {'min s':>8s} {'peak MiB':>9s}   (over {args.repeats} repeats)")
     for m in methods:
         print(f"{m:10s} {med[m]:9.3f} {min(times[m]):8.3f} {mem[m] / 2**20:9.1f}")
+    if args.compare_old:
+        print(f"\nIFT (old) / IFT = {med['IFT (old)'] / med['IFT']:.2f}x   "
+              f"IFT (old) / FO-MAML = {med['IFT (old)'] / med['FO-MAML']:.2f}x")
     r_fo, r_hf = med["IFT"] / med["FO-MAML"], med["IFT"] / med["HF-MAML"]
     print(f"\ntime ratio   IFT / FO-MAML = {r_fo:.2f}x   IFT / HF-MAML = {r_hf:.2f}x   "
           f"(paper App. C: 3.0x and 1.5x; target: IFT / FO-MAML <= 2.0x -> {'met' if r_fo <= 2.0 else 'NOT met'})")
     print(f"memory ratio IFT / FO-MAML = {mem['IFT'] / mem['FO-MAML']:.2f}x   "
           f"IFT / HF-MAML = {mem['IFT'] / mem['HF-MAML']:.2f}x   (paper: FedL2P's meta-update peaks at 1.3 GB)")
-    parts = ift_breakdown(fns["IFT parts"], device)
-    print("\nIFT breakdown (one call, seconds):")
-    for k, v in parts.items():
-        print(f"  {k:38s} {v:7.3f}")
+    for label, cheap in (("IFT", True),) + ((("IFT (old)", False),) if args.compare_old else ()):
+        parts = ift_breakdown(fns["IFT parts"], device, cheap_conv=cheap)
+        print(f"\n{label} breakdown (one call, seconds):")
+        for k, v in parts.items():
+            print(f"  {k:38s} {v:7.3f}")
     return 0
 
 

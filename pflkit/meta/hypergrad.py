@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from pflkit.meta.conv_hvp import cheap_conv_double_backward
 from pflkit.meta.linear_solve import MatVec
 
 Tensors = Sequence[torch.Tensor]
@@ -60,7 +61,7 @@ def _grads(output: torch.Tensor | Sequence[torch.Tensor], inputs: list[torch.Ten
 
 
 def ift_hypergrad(train_loss: Loss, val_loss: Loss, theta: Tensors, lam: Tensors, *,
-                  solve: Solve) -> list[torch.Tensor]:
+                  solve: Solve, cheap_conv: bool = True) -> list[torch.Tensor]:
     """IFT hypergradient ``d L_V(theta*(lambda), lambda) / d lambda`` (Eq. 6-7, Alg. 2).
 
     Alg. 2 line 1: ``v = d_theta L_V``; lines 2-5: ``p ~= H^{-1} v`` by ``solve``
@@ -68,12 +69,20 @@ def ift_hypergrad(train_loss: Loss, val_loss: Loss, theta: Tensors, lam: Tensors
     ``d_lambda L_V - p d_lambda d_theta L_T``, the last term computed as the
     vector-Jacobian product of ``d_theta L_T`` (built with ``create_graph``) with ``p``.
 
+    Cost: one graph of ``d_theta L_T`` serves the Q Hessian-vector products and the mixed
+    product (Q + 1 reverse passes over it). Those passes are dominated by the second
+    derivative of every convolution; with ``cheap_conv`` the graph is built with
+    `pflkit.meta.conv_hvp.conv2d`, whose second derivative runs on the backward kernels
+    (same values to float rounding, fewer seconds on CPU).
+
     Args:
         train_loss: ``L_T(theta, lambda)``; theta* should be (close to) its stationary point.
         val_loss: ``L_V(theta, lambda)``.
         theta: the fixed point theta*, one tensor per parameter tensor (detached inside).
         lam: the hyperparameters lambda (detached inside).
         solve: ``solve(matvec, b) -> x ~= H^{-1} b`` with ``matvec(u) = H u``.
+        cheap_conv: build ``d_theta L_T`` with `pflkit.meta.conv_hvp.conv2d` (default) or
+            with autograd's own convolution double backward (False, the earlier computation).
 
     Returns:
         One detached tensor per entry of ``lam``: the hypergradient.
@@ -83,7 +92,8 @@ def ift_hypergrad(train_loss: Loss, val_loss: Loss, theta: Tensors, lam: Tensors
     lv = val_loss(theta, lam)
     dv = _grads(lv, theta + lam)
     v, direct = dv[:n], dv[n:]
-    lt = train_loss(theta, lam)
+    with cheap_conv_double_backward(cheap_conv):
+        lt = train_loss(theta, lam)
     dt = _grads(lt, theta, create_graph=True)
 
     def hvp(u: list[torch.Tensor]) -> list[torch.Tensor]:
