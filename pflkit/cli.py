@@ -98,6 +98,17 @@ def _cmd_notebooks(args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (the error names the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def _cmd_reproduce(args) -> int:
     """The whole catalog in one resumable batch (`pflkit.reproduce`), or with --report the report only."""
     if args.report:
@@ -119,7 +130,8 @@ def _cmd_reproduce(args) -> int:
     outcomes = reproduce(args.preset or "cpu", paper=args.paper, only=args.only, results_dir=args.results,
                          work_dir=args.work, overrides=args.set or [], data_root=args.data_root,
                          download=args.download, device=args.device, notebooks=not args.no_notebooks,
-                         force=args.force, code_check=not args.no_code_check, progress=not args.quiet)
+                         force=args.force, code_check=not args.no_code_check, progress=not args.quiet,
+                         jobs=args.jobs)
     print(format_summary(outcomes, time.perf_counter() - t0))
     print(f"compact results: {args.results}/{args.preset or 'cpu'}/; the report: pflkit reproduce --report")
     return 3 if any(o.status == FAILED for o in outcomes) else 0
@@ -183,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-notebooks", action="store_true", help="do not execute the notebooks afterwards")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting of every experiment")
     p.add_argument("--force", action="store_true", help="rerun experiments whose result is up to date")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="experiments (then notebooks) run at once, each process with cores / jobs threads (default 1)")
     p.add_argument("--no-code-check", action="store_true",
                    help="keep results made by other code (only a changed configuration reruns)")
     p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")

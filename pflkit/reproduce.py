@@ -31,11 +31,14 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pflkit
 from pflkit.config import ConfigError
@@ -334,7 +337,7 @@ def plan(preset: str, selection: dict[str, Path], results_dir, overrides, code: 
 def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None = None,
               results_dir="results", work_dir=None, overrides=(), data_root=None, download: bool = False,
               device: str = "auto", notebooks: bool = True, force: bool = False, code_check: bool = True,
-              catalog: Path | None = None, progress: bool = True) -> list[Outcome]:
+              catalog: Path | None = None, progress: bool = True, jobs: int = 1) -> list[Outcome]:
     """Run the selected experiments (and then the notebooks) at ``preset``; returns one `Outcome` each.
 
     Args:
@@ -346,9 +349,14 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
         catalog: another catalog folder (tests); default: the package's.
         progress: one bar over the batch; its estimate of what is left weighs each experiment by the
             time its last run took, where known.
+        jobs: experiments (then notebooks) run at once, each in its own process with
+            ``cores // jobs`` threads; results are the same as with one job (every run is seeded).
     """
+    if int(jobs) < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     from tqdm.auto import tqdm
 
+    n_jobs = int(jobs)
     work = Path(work_dir or Path("runs") / "reproduce" / preset)
     status_file = Path(results_dir) / preset / STATUS_FILE
     code = code_version() if code_check else None
@@ -366,31 +374,74 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
         _save_status(status_file, outcomes)
         bar = tqdm(total=sum(weights), desc=f"reproduce ({preset})", disable=not progress or not weights,
                    bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} elapsed, ~{remaining} left{postfix}")
-        steps = iter(weights)
+        steps, total, count = iter(weights), len(todo) + len(jobs), 0
+        runs = [(partial(run_one, cfg, work / cfg.name, compact_path(results_dir, preset, cfg.name), code=code,
+                         overrides=overrides, data_root=data_root, download=download), cfg.name) for cfg, _ in todo]
+        params = {"device": device, "results_root": str(work.resolve()),
+                  **({"data_root": str(data_root)} if data_root else {})}
+        books = [(partial(run_notebook, folder, name, preset, work, params), f"{folder}/{name}") for folder, name in jobs]
         try:
-            for k, (cfg, why) in enumerate(todo):
-                bar.set_postfix_str(f"{k + 1}/{len(todo) + len(jobs)} {cfg.name}")
-                log.info("%s: running (%s)", cfg.name, why)
-                o = run_one(cfg, work / cfg.name, compact_path(results_dir, preset, cfg.name), code=code,
-                            overrides=overrides, data_root=data_root, download=download)
+            for o in _in_turn(runs, n_jobs, processes=True, started=lambda what: bar.set_postfix_str(
+                    f"{count + 1}/{total} {what}")):
                 outcomes.append(o)
                 _save_status(status_file, [o])
+                count += 1
+                if n_jobs > 1:
+                    bar.set_postfix_str(f"{count}/{total} {o.name}")
                 bar.update(next(steps))
-            params = {"device": device, "results_root": str(work.resolve()),
-                      **({"data_root": str(data_root)} if data_root else {})}
-            for k, (folder, name) in enumerate(jobs):
-                bar.set_postfix_str(f"{len(todo) + k + 1}/{len(todo) + len(jobs)} {folder}/{name}")
-                o = run_notebook(folder, name, preset, work, params)
+            for (fn, what), o in zip(books, _in_turn(books, n_jobs, processes=False, ordered=True)):
                 outcomes.append(o)
                 if o.status == DONE:  # its inputs as they were when it ran: the next batch skips it
                     record = read_json(nb_done) if nb_done.exists() else {}
-                    entry = {"key": nb_key(folder, name), "seconds": round(o.seconds, 1)}
-                    write_json(nb_done, {**record, f"{folder}/{name}": entry})
+                    entry = {"key": nb_key(*fn.args[:2]), "seconds": round(o.seconds, 1)}
+                    write_json(nb_done, {**record, what: entry})
+                count += 1
+                bar.set_postfix_str(f"{count}/{total} {what}")
                 bar.update(next(steps))
         finally:
             bar.close()
         outcomes += _matrix_outputs(selection, preset, results_dir, work)
     return outcomes
+
+
+def _worker_threads(threads: int) -> None:
+    """A batch worker process: this many intra-op threads, so that ``jobs`` workers share the cores."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _in_turn(calls: list[tuple[Callable[[], Outcome], str]], jobs: int, *, processes: bool, ordered: bool = False,
+             started: Callable[[str], None] | None = None) -> Iterator[Outcome]:
+    """The outcomes of ``calls`` (``(call, label)``), one after another (``jobs == 1``) or ``jobs`` at a time:
+    experiments in worker processes (``processes``), notebooks in threads (each runs its own kernel process).
+    Outcomes come as they finish, or in the calls' order with ``ordered``."""
+    if jobs == 1 or len(calls) <= 1:
+        for call, label in calls:
+            if started is not None:
+                started(label)
+            yield call()
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+
+    if processes:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_threads, initargs=(threads,))
+    else:
+        pool = ThreadPoolExecutor(jobs)
+    with pool:
+        futures = [pool.submit(call) for call, _ in calls]
+        if ordered:
+            for f in futures:
+                yield f.result()
+            return
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=futures.index):
+                yield f.result()
 
 
 def _matrix_outputs(selection: dict[str, Path], preset: str, results_dir, work: Path) -> list[Outcome]:

@@ -438,3 +438,25 @@ def test_conclusion_is_written_from_the_verdicts():
     assert "Fails: B: because of x (ours: o2; paper: p2)." in text and "Not checked here" in text and ": C." in text
     assert "may hold at `paper`" in text and "may hold" not in cl.conclusion([ok], "paper")
     assert cl.conclusion([], "cpu") == "No claim of this paper is checked by pflkit."
+
+
+def test_two_jobs_give_the_same_results_as_one(tmp_path):
+    """--jobs 2 runs experiments in worker processes: the compact results equal a one-job batch's."""
+    catalog = tmp_path / "catalog"
+    write_tiny(catalog, "tiny_a")
+    write_tiny(catalog, "tiny_b", epochs=2)
+    per_client = {}
+    for jobs in (1, 2):
+        out = rp.reproduce("smoke", results_dir=tmp_path / f"r{jobs}", work_dir=tmp_path / f"w{jobs}",
+                           catalog=catalog, notebooks=False, progress=False, jobs=jobs)
+        assert sorted((o.name, o.status) for o in out) == [("tiny_a", "done"), ("tiny_b", "done")]
+        per_client[jobs] = {n: {k: m["per_client"] for k, m in json.loads(
+            (tmp_path / f"r{jobs}" / "smoke" / f"{n}.json").read_text())["methods"].items()} for n in ("tiny_a", "tiny_b")}
+    assert per_client[1] == per_client[2]
+
+
+def test_jobs_must_be_positive():
+    with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
+        rp.reproduce("smoke", jobs=0)
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--jobs", "0"])
