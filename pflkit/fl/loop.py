@@ -7,7 +7,9 @@ an algorithm decides (what travels, how the server combines it).
 
 Determinism: client sampling draws from (seed, round) and each client update from
 (seed, client, round), so a run resumed from a checkpoint ends with exactly the
-numbers of an uninterrupted one.
+numbers of an uninterrupted one, and the engine that runs a round's client updates
+(``env.engine``: one after the other, or in a pool of CPU threads; `pflkit.fl.engines`)
+does not change them: the loop aggregates the updates in the order of the sampled ids.
 """
 from __future__ import annotations
 
@@ -174,7 +176,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         cfg: its config (validated on construction).
         fed: the federation.
         model: the initial global model (fresh, or pretrained when ``algo.needs_pretrained``).
-        env: run context (model factory, device, seed).
+        env: run context (model factory, device, seed, ``engine`` for the client updates).
         checkpoint: file to write atomically every ``cfg.checkpoint_every`` rounds.
         resume: continue from ``checkpoint`` if it exists.
         test: evaluate every client's test split at the end.
