@@ -19,9 +19,10 @@ What a number rests on is checked and recorded: the output folder is locked for 
 run; a folder that already holds a run is continued only with ``resume=True`` and
 only when the stored fingerprint (resolved config and data files) matches, replaced
 only with ``overwrite=True``; results.json records the device, versions, kernel
-backends, the client-update engine (requested, and used per stage) and the data files (path, size, sha256), those of the pretraining data and
-of any weights file the model started from; a method is ``ok`` only when every
-client has a finite test accuracy (else ``incomplete``, naming the clients).
+backends, the client-update engine (requested, and used per stage) and the data files
+(path, size, sha256), those of the pretraining data and of any weights file the model
+started from; a method is ``ok`` only when every client has a finite test accuracy (else
+``incomplete``, naming the clients).
 """
 from __future__ import annotations
 

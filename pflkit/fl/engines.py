@@ -112,7 +112,8 @@ def nbytes(obj: Any) -> int:
     return 0
 
 
-def run_sequential(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env) -> list[ClientResult]:
+def run_sequential(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg,
+                   env: Env) -> list[ClientResult]:
     """One client after the other; torch's global RNG seeded per client (dropout-style draws).
 
     Each client's new state enters ``client_states`` as soon as its update returns.
@@ -138,15 +139,19 @@ def intra_op_threads(n: int):
 
 
 def worker_envs(env: Env, n: int) -> list[Env]:
-    """``n`` views of ``env`` with their own module caches, kept across rounds in ``env``'s cache.
+    """``n`` views of ``env``, each with its own module cache, kept in ``env``'s cache across rounds.
 
-    Each worker thread trains in its own scratch modules; the views share everything else
-    (model factory, device, seed) and follow ``env.round``.
+    Each worker thread trains in its own scratch modules (never more views than the most
+    workers a round has had); the views copy every other field of ``env`` (round, kernels...)
+    before each round.
     """
-    views = env.cached(("engine-workers", n), lambda: [dataclasses.replace(env, _scratch={}) for _ in range(n)])
-    for v in views:
-        v.round, v.kernels = env.round, env.kernels
-    return views
+    views: list[Env] = env.cached("engine-workers", list)
+    views.extend(dataclasses.replace(env, _scratch={}) for _ in range(n - len(views)))
+    shared = [f.name for f in dataclasses.fields(env) if f.name != "_scratch"]
+    for view in views[:n]:
+        for name in shared:
+            setattr(view, name, getattr(env, name))
+    return views[:n]
 
 
 def run_threads(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env, *,
