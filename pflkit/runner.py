@@ -417,7 +417,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     round's client updates run: ``"auto"``, ``"sequential"`` or ``"threads"`` (`pflkit.fl.engines`;
     ``"pflkit"`` is the older name of ``"auto"``). It does not change the numbers, so it is not
     part of the fingerprint that ``resume`` checks; results.json's ``environment`` records the
-    requested engine and the one each stage used. ``download`` lets a missing dataset be downloaded into the cache.
+    requested engine and the one each stage used. ``download`` lets a missing dataset be
+    downloaded into the cache.
     ``out`` is locked while the run lasts; a folder holding an earlier run needs ``resume``
     (same settings, checked) or ``overwrite``. Returns the results dict (keys: config, engine,
     status, methods, rounds, timing, version, environment, data).
@@ -431,7 +432,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     with locked_folder(out), kernels.use_backend(cfg.kernels):
         remove_orphans(out)
         t0 = time.perf_counter()
-        if engine != "pflkit" and cfg.pretrain is not None and cfg.pretrain.data is not None:
+        if engine == "flower" and cfg.pretrain is not None and cfg.pretrain.data is not None:
             raise ConfigError(f"pretrain.data: the {engine} engine cannot build the pretraining stage's own "
                               "federation yet; run this experiment with the pflkit engine")
         check_imagenet_weights(cfg)  # a missing ImageNet file fails here, before any data is read
@@ -461,6 +462,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
 
 def engine_info(engine: str, runs: dict) -> dict:
     """results.json's ``environment`` entries on engines: the requested one and, per stage, those used."""
+    if engine == "flower":
+        return {"engine": engine}
     used: dict[str, set] = {}
     for records, _ in runs.values():
         for label, rec in records.items():
