@@ -247,3 +247,23 @@ def test_fallback_reasons_and_worker_counts():
     assert "CPU only" in fallback_reason("threads", device_type="cuda")
     assert fallback_reason("auto", device_type="cuda") == ""
     assert thread_workers(2, 10) == 2 and thread_workers(16, 3) == 3 and thread_workers(4, 0) == 1
+
+
+@pytest.mark.parametrize("cpus, used", [(1, "sequential"), (2, "threads")])
+def test_auto_in_the_loop_follows_the_cores(fed, monkeypatch, cpus, used):
+    monkeypatch.setattr("pflkit.fl.loop.available_cpus", lambda: cpus)
+    cfg = dataclasses.replace(_config("fedavg"), eval_every=0, keep_best=False)
+    assert _run(ALGORITHMS["fedavg"], cfg, fed, "auto", test=False).engine == used
+    one = dataclasses.replace(cfg, fraction=0.25)  # one client per round: nothing to overlap
+    assert _run(ALGORITHMS["fedavg"], one, fed, "auto", test=False).engine == "sequential"
+
+
+def test_worker_views_have_their_own_caches_and_follow_the_env():
+    env = dataclasses.replace(digits_env(), engine="threads", round=3)
+    views = engines.worker_envs(env, 2)
+    assert [v.round for v in views] == [3, 3] and views[0]._scratch is not views[1]._scratch
+    assert views[0].scratch_model() is not views[1].scratch_model() is not env.scratch_model()
+    env.round = 4
+    again = engines.worker_envs(env, 3)
+    assert all(a is b for a, b in zip(again, views)) and [v.round for v in again] == [4, 4, 4]
+    assert engines.worker_envs(env, 1)[0] is views[0]
