@@ -19,9 +19,10 @@ What a number rests on is checked and recorded: the output folder is locked for 
 run; a folder that already holds a run is continued only with ``resume=True`` and
 only when the stored fingerprint (resolved config and data files) matches, replaced
 only with ``overwrite=True``; results.json records the device, versions, kernel
-backends and the data files (path, size, sha256), those of the pretraining data and
-of any weights file the model started from; a method is ``ok`` only when every
-client has a finite test accuracy (else ``incomplete``, naming the clients).
+backends, the client-update engine (requested, and used per stage) and the data files
+(path, size, sha256), those of the pretraining data and of any weights file the model
+started from; a method is ``ok`` only when every client has a finite test accuracy (else
+``incomplete``, naming the clients).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from pflkit.data.datasets import load_dataset
 from pflkit.data.provenance import weights_record
 from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.algorithm import Env
+from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation, federation_for
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import get_state, set_state
@@ -93,15 +95,18 @@ def device_info(cfg: ExperimentConfig) -> dict:
     return {"requested": cfg.device, "device": str(device), "gpu": gpu, "kernels": cfg.kernels, "kernels_used": used}
 
 
-def make_env(cfg: ExperimentConfig, fed: Federation, seed: int) -> Env:
-    """The run context: a factory for the experiment's model on its device (``auto`` resolved)."""
+def make_env(cfg: ExperimentConfig, fed: Federation, seed: int, engine: str = "sequential") -> Env:
+    """The run context: a factory for the experiment's model on its device (``auto`` resolved).
+
+    ``engine``: how `run_rounds` runs a round's client updates (`pflkit.fl.engines`).
+    """
     device = resolve_device(cfg.device)
 
     def model_fn():
         return build_model(cfg.model.name, num_classes=fed.num_classes, input_shape=tuple(fed.x.shape[1:]),
                            **cfg.model.options)
 
-    return Env(model_fn=model_fn, device=device, seed=seed, kernels=cfg.kernels)
+    return Env(model_fn=model_fn, device=device, seed=seed, kernels=cfg.kernels, engine=engine)
 
 
 def initial_model(env: Env) -> torch.nn.Module:
@@ -114,7 +119,8 @@ def _stage_record(result: StageResult) -> dict:
     per_client = {int(k): v for k, v in result.per_client.items()}
     return {"status": result.status, "error": result.error, "best_round": result.best_round,
             "seconds": result.seconds, "summary": result.summary, "missing": list(getattr(result, "missing", [])),
-            "per_client": [per_client[k] for k in sorted(per_client)], "history": result.history}
+            "per_client": [per_client[k] for k in sorted(per_client)], "history": result.history,
+            "engine": getattr(result, "engine", "")}
 
 
 def train_locally(algo, cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None) -> StageResult:
@@ -204,7 +210,7 @@ def run_pretrain(cfg: ExperimentConfig, fed: Federation, env: Env, pre: Dataset 
             pre_fed = federation_for(st.data, pre, env.seed)
             check_client_splits(pre_fed, data=st.data, key="pretrain.data", splits=("train",))
             pre_fed.save(pre_dir / "federation.npz")
-            pre_env = make_env(cfg, pre_fed, env.seed)
+            pre_env = make_env(cfg, pre_fed, env.seed, env.engine)
         start = load_start_weights(initial_model(pre_env), st)
         rec = _run_stage(st, pre_fed, pre_env, start, pre_dir, resume, progress, train)
         trained = pre_dir / f"{name}.weights.pt"
@@ -225,17 +231,18 @@ def run_pretrain(cfg: ExperimentConfig, fed: Federation, env: Env, pre: Dataset 
 
 
 def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool,
-             train=train_locally, pre: Dataset | None = None):
+             train=train_locally, pre: Dataset | None = None, engine: str = "sequential"):
     """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids}).
 
     ``pre``: the pretraining stage's own dataset (`load_pretrain_data`), when it has one.
+    ``engine``: how the round loop runs client updates (`pflkit.fl.engines`; not the numbers).
     """
     seed_dir = out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     fed = build_seed_federation(cfg, dataset, seed)
     check_client_splits(fed, cfg)
     fed.save(seed_dir / "federation.npz")
-    env = make_env(cfg, fed, seed)
+    env = make_env(cfg, fed, seed, engine)
     records: dict[str, dict] = {}
     pretrained = None
     if cfg.pretrain is not None:
@@ -395,11 +402,16 @@ def prepare_folder(out: Path, fp: dict, *, resume: bool, overwrite: bool) -> Non
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, download: bool = False,
                    resume: bool = False, overwrite: bool = False, progress: bool = True, train=train_locally,
-                   engine: str = "pflkit") -> dict:
+                   engine: str = "auto") -> dict:
     """Run every seed of ``cfg`` into ``out`` and write ``out/results.json`` (atomically).
 
     ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
-    server passes its own). ``download`` lets a missing dataset be downloaded into the cache.
+    server passes its own, with ``engine="flower"``). With pflkit's loop, ``engine`` says how a
+    round's client updates run: ``"auto"``, ``"sequential"`` or ``"threads"`` (`pflkit.fl.engines`;
+    ``"pflkit"`` is the older name of ``"auto"``). It does not change the numbers, so it is not
+    part of the fingerprint that ``resume`` checks; results.json's ``environment`` records the
+    requested engine and the one each stage used. ``download`` lets a missing dataset be
+    downloaded into the cache.
     ``out`` is locked while the run lasts; a folder holding an earlier run needs ``resume``
     (same settings, checked) or ``overwrite``. Returns the results dict (keys: config, engine,
     status, methods, rounds, timing, version, environment, data).
@@ -407,10 +419,13 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     accuracy; ``acc_std`` is the standard deviation over seeds).
     """
     out = Path(out)
+    engine = "auto" if engine == "pflkit" else engine
+    if engine != "flower":
+        check_engine(engine)  # a one-line error before any work
     with locked_folder(out), kernels.use_backend(cfg.kernels):
         remove_orphans(out)
         t0 = time.perf_counter()
-        if engine != "pflkit" and cfg.pretrain is not None and cfg.pretrain.data is not None:
+        if engine == "flower" and cfg.pretrain is not None and cfg.pretrain.data is not None:
             raise ConfigError(f"pretrain.data: the {engine} engine cannot build the pretraining stage's own "
                               "federation yet; run this experiment with the pflkit engine")
         check_imagenet_weights(cfg)  # a missing ImageNet file fails here, before any data is read
@@ -423,8 +438,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
         environment = device_info(cfg)
         seeds = [cfg.seed + k for k in range(cfg.seeds)]
         used = client_data(cfg, dataset, pre)
-        runs = {s: run_seed(cfg, used, s, out, resume, progress, train, pre) for s in seeds}
+        loop_engine = "sequential" if engine == "flower" else engine  # the loop's evaluation-only stages
+        runs = {s: run_seed(cfg, used, s, out, resume, progress, train, pre, loop_engine) for s in seeds}
         results = _results(cfg, runs, seeds, engine)
+        environment.update(engine_info(engine, runs))
         stage_seconds = sum(v for st in results["timing"]["stages"].values() for v in st.values())
         results["timing"].update({"total_seconds": t_data + stage_seconds, "data_seconds": t_data,
                                   "wall_seconds": time.perf_counter() - t0})
@@ -436,6 +453,17 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     return results
 
 
+def engine_info(engine: str, runs: dict) -> dict:
+    """results.json's ``environment`` entries on engines: the requested one and, per stage, those used."""
+    if engine == "flower":
+        return {"engine": engine}
+    used: dict[str, set] = {}
+    for records, _ in runs.values():
+        for label, rec in records.items():
+            used.setdefault(label, set()).update(e for e in rec.get("engine", "").split("+") if e)
+    return {"engine": engine, "engine_used": {label: "+".join(sorted(e)) for label, e in used.items()}}
+
+
 def _results(cfg: ExperimentConfig, runs: dict, seeds: list[int], engine: str) -> dict:
     """results.json's content from each seed's stage records."""
     per_seed = {s: r[0] for s, r in runs.items()}
@@ -445,7 +473,7 @@ def _results(cfg: ExperimentConfig, runs: dict, seeds: list[int], engine: str) -
                for st in stages}
     return {
         "config": cfg.to_dict(),
-        "engine": engine,
+        "engine": "flower" if engine == "flower" else "pflkit",  # whose round loop
         "status": worst_status(m["status"] for m in methods.values()),
         "methods": methods,
         "rounds": {st.label: {f"seed{s}": per_seed[s][st.label]["history"] for s in seeds} for st in stages},

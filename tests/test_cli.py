@@ -56,3 +56,51 @@ def test_diverged_run_is_marked_not_crashed(tmp_path):
     assert res["status"] == "diverged"
     assert res["methods"]["Global"]["status"] == "diverged" and res["methods"]["Global"]["acc_mean"] is None
     assert res["methods"]["FT (BN C)"]["status"] == "diverged"  # nothing to fine-tune
+
+
+@pytest.fixture
+def one_intra_op_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_engine_choice_is_recorded_and_a_resume_may_change_it(tmp_path, one_intra_op_thread):
+    """The engine does not change the numbers: not fingerprinted, so --resume may switch it.
+
+    At one intra-op thread (the threads engine's), so that the comparison can be exact.
+    """
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = ["run", "demo", "--preset", "smoke", "--quiet", "--set", "pretrain.rounds=2"]
+    assert main(args + ["--out", str(a), "--engine", "threads"]) == 0
+    assert main(args + ["--out", str(b), "--engine", "sequential"]) == 0
+    (b / "seed0" / "ft-bn-g.json").unlink()
+    assert main(args + ["--out", str(b), "--resume", "--engine", "threads"]) == 0
+    ra, rb = (json.loads((p / "results.json").read_text()) for p in (a, b))
+    assert ra["environment"]["engine"] == "threads" and ra["engine"] == "pflkit"
+    assert ra["environment"]["engine_used"]["Global"] == "threads"
+    assert rb["environment"]["engine_used"]["Global"] == "sequential"  # read back from the first run's record
+    assert ra["methods"] == rb["methods"]
+
+
+def test_a_bad_engine_is_refused_before_any_work(tmp_path, capsys):
+    from pflkit.config import ConfigError
+    from pflkit.experiments import resolve
+    from pflkit.runner import run_experiment
+
+    with pytest.raises(ConfigError, match=r"^engine='vectorized': expected one of auto, sequential, threads$"):
+        run_experiment(resolve("demo", "smoke"), tmp_path / "out", engine="vectorized")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["run", "demo", "--engine", "vectorized"])
+    assert "invalid choice: 'vectorized'" in capsys.readouterr().err
+
+
+def test_the_cli_lists_the_engines_pflkit_has():
+    from pflkit import cli
+    from pflkit.fl.engines import ENGINES
+
+    assert cli.ENGINES == ENGINES

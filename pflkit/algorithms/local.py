@@ -45,8 +45,8 @@ def client_update(msg, client, client_state, cfg, env):
 
 def _fresh(env):
     """The run's initial model, rebuilt from the run seed exactly as the runner builds it."""
-    env.seed_torch("init")
-    return env.model_fn()
+    with env.torch_rng("init"):  # this thread's seeded draws, also in the threads engine
+        return env.model_fn()
 
 
 def aggregate(state, updates, cfg, env):

@@ -254,18 +254,18 @@ def broadcast(state, client_id, cfg, env):
 
 def _initial_model(width, client, cfg, env):
     """The run's initial target model, rebuilt on the client from the run seed (nothing travels)."""
-    env.seed_torch("init")
-    return env.model_fn() if width is None else _budget_model(cfg, width, client.meta)
+    with env.torch_rng("init"):  # this thread's seeded draws, also in the threads engine
+        return env.model_fn() if width is None else _budget_model(cfg, width, client.meta)
 
 
 def _scratch(width, client, cfg, env, theta):
     """A cached target module of this width, and the initial values of its local part."""
     key = ("pfedhn", width, tuple(sorted(theta)))
-    cache = env._scratch  # Env's per-run module cache (the same one `scratch_model` uses)
-    if key not in cache:
+    def build():
         model = _initial_model(width, client, cfg, env).to(env.device)
-        cache[key] = (model, _local_part(model, theta))
-    return cache[key]
+        return model, _local_part(model, theta)
+
+    return env.cached(key, build)  # Env's per-run module cache (the same one `scratch_model` uses)
 
 
 def client_model(theta, width, client, client_state, cfg, env):

@@ -23,8 +23,10 @@ round and client, so a resumed or re-ordered run gives the same numbers.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -109,6 +111,12 @@ class Update:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+# torch's default (global) CPU generator is one per process: whoever seeds it and then draws
+# from it (a seeded model init) holds this lock, so that client updates running in worker
+# threads (`pflkit.fl.engines`) cannot reseed it in between.
+_TORCH_RNG = threading.RLock()
+
+
 @dataclass
 class Env:
     """Run-time context handed to every phase: model factory, device, seeds, round.
@@ -116,6 +124,13 @@ class Env:
     ``model_fn()`` builds a fresh module of the experiment's architecture (random
     init); phases load tensors into it. ``generator(*keys)`` gives a torch Generator
     seeded from the run seed and the keys (e.g. ``("client", cid, round)``).
+    ``engine`` says how `run_rounds` runs a round's client updates (`pflkit.fl.engines`:
+    ``"sequential"``, ``"threads"`` or ``"auto"``); it never changes the numbers.
+
+    Thread safety (the ``threads`` engine): a client update may read the Env, draw from its
+    own ``generator(...)``, use `scratch_model` / `cached` (each worker thread has its own
+    cache) and build a seeded module inside ``with env.torch_rng(...)``; it must not draw
+    from torch's global RNG otherwise, nor assign Env fields.
     """
 
     model_fn: Callable[[], nn.Module]
@@ -123,6 +138,7 @@ class Env:
     seed: int = 0
     round: int = 0
     kernels: str = "auto"
+    engine: str = "sequential"
     _scratch: dict = field(default_factory=dict, repr=False)
 
     def derive_seed(self, *keys) -> int:
@@ -135,13 +151,32 @@ class Env:
 
     def seed_torch(self, *keys) -> None:
         """Seed torch's global RNG (dropout, init) from (run seed, *keys)."""
-        torch.manual_seed(self.derive_seed("torch", *keys))
+        with _TORCH_RNG:
+            torch.manual_seed(self.derive_seed("torch", *keys))
+
+    @contextlib.contextmanager
+    def torch_rng(self, *keys):
+        """Inside the block, torch's global RNG is seeded from (run seed, *keys) and this thread's alone.
+
+        For draws that must come from the global RNG (a module's seeded initialization):
+        ``with env.torch_rng("init"): model = env.model_fn()`` gives the same weights in
+        every thread. Sequentially it is exactly ``env.seed_torch(*keys)`` followed by the block.
+        """
+        with _TORCH_RNG:
+            torch.manual_seed(self.derive_seed("torch", *keys))
+            yield
+
+    def cached(self, key, build: Callable[[], Any]):
+        """``self._scratch[key]``, built once with ``build()`` (under the global-RNG lock: a module's
+        random init must not interleave with another thread's seeded draws)."""
+        if key not in self._scratch:
+            with _TORCH_RNG:
+                self._scratch[key] = build()
+        return self._scratch[key]
 
     def scratch_model(self, key: str = "model") -> nn.Module:
         """A cached module of the architecture, reused to avoid rebuilding per client."""
-        if key not in self._scratch:
-            self._scratch[key] = self.model_fn().to(self.device)
-        return self._scratch[key]
+        return self.cached(key, lambda: self.model_fn().to(self.device))
 
 
 Metrics = dict[str, float]
@@ -157,6 +192,9 @@ class Algorithm:
         config: the frozen dataclass of its hyperparameters (a subclass of FLConfig).
         needs_pretrained: starts from the experiment's pretrained global model.
         exports_global: ``global_model(state)`` gives a model worth reporting / reusing.
+        thread_unsafe: why ``client_update`` must not run in worker threads (the ``threads``
+            engine then runs this algorithm's rounds sequentially and logs this reason);
+            empty when it may (see `Env` for what that requires).
         report: optional ``report(state, fed, cfg, env, client_states) -> JSON-able`` with what
             the algorithm learned per client (FedL2P's beta / eta, FedSelect's masks); the
             runner stores it beside the stage's results.
@@ -174,6 +212,7 @@ class Algorithm:
     report: Callable | None = None
     needs_pretrained: bool = False
     exports_global: bool = False
+    thread_unsafe: str = ""
 
     def make_config(self, values: dict | None = None, prefix: str = ""):
         from pflkit.config import from_dict

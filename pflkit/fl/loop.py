@@ -7,7 +7,9 @@ an algorithm decides (what travels, how the server combines it).
 
 Determinism: client sampling draws from (seed, round) and each client update from
 (seed, client, round), so a run resumed from a checkpoint ends with exactly the
-numbers of an uninterrupted one.
+numbers of an uninterrupted one, and the engine that runs a round's client updates
+(``env.engine``: one after the other, or in a pool of CPU threads; `pflkit.fl.engines`)
+does not change them: the loop aggregates the updates in the order of the sampled ids.
 """
 from __future__ import annotations
 
@@ -25,28 +27,12 @@ from tqdm.auto import tqdm
 
 from pflkit.config import to_dict
 from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
+from pflkit.fl.engines import available_cpus, check_engine, fallback_reason, nbytes, train_clients
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged
 from pflkit.io import load_torch, save_torch
 
 log = logging.getLogger(__name__)
-
-
-def nbytes(obj: Any) -> int:
-    """Bytes of all tensors / arrays inside a (nested) message or payload."""
-    if obj is None:
-        return 0
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(nbytes(v) for v in obj)
-    if hasattr(obj, "__dataclass_fields__"):
-        return sum(nbytes(getattr(obj, f)) for f in obj.__dataclass_fields__)
-    return 0
 
 
 def sample_clients(clients: int | list[int], cfg: FLConfig, env: Env, round_index: int) -> list[int]:
@@ -153,7 +139,9 @@ class StageResult:
     """What a training stage leaves: final (or best) state, per-client test metrics, history.
 
     ``status``: ``"ok"``; ``"diverged"`` (a non-finite loss, weight or buffer); ``"incomplete"`` (some
-    client has no test accuracy: ``missing`` lists ``{"client", "reason"}``).
+    client has no test accuracy: ``missing`` lists ``{"client", "reason"}``). ``engine``: the
+    engines that ran its rounds' client updates (``"threads"``, ``"sequential"``, both joined
+    by ``+`` when rounds differed; "" without rounds).
     """
 
     status: str
@@ -165,6 +153,7 @@ class StageResult:
     seconds: float = 0.0
     error: str = ""
     missing: list[dict] = field(default_factory=list)
+    engine: str = ""
 
     def set_test(self, per_client: dict[int, dict]) -> None:
         """Record the test pass; a client without a finite accuracy makes the stage ``incomplete``."""
@@ -187,7 +176,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         cfg: its config (validated on construction).
         fed: the federation.
         model: the initial global model (fresh, or pretrained when ``algo.needs_pretrained``).
-        env: run context (model factory, device, seed).
+        env: run context (model factory, device, seed, ``engine`` for the client updates).
         checkpoint: file to write atomically every ``cfg.checkpoint_every`` rounds.
         resume: continue from ``checkpoint`` if it exists.
         test: evaluate every client's test split at the end.
@@ -199,6 +188,11 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         states, at the end), ``"incomplete"`` when a client has no finite test accuracy.
     """
     check_config(algo, cfg)
+    check_engine(env.engine)
+    cpus, used = available_cpus(), set()
+    why = fallback_reason(env.engine, device_type=torch.device(env.device).type, thread_unsafe=algo.thread_unsafe)
+    if why and cfg.rounds > 0:
+        log.info("%s: engine %s runs its clients sequentially: %s", algo.name, env.engine, why)
     t0 = time.perf_counter()
     state = algo.init(model, fed, cfg, env)
     client_states: dict[int, Any] = {}
@@ -218,13 +212,10 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
             env.round = t
             tr = time.perf_counter()
             ids = sample_clients(fed.seen_ids, cfg, env, t)
-            updates, down, up = [], 0, 0
-            for cid in ids:
-                msg = algo.broadcast(state, cid, cfg, env)
-                env.seed_torch("client", cid, t)
-                upd, client_states[cid] = algo.client_update(msg, fed.clients[cid], client_states.get(cid), cfg, env)
-                down, up = down + nbytes(msg), up + nbytes(upd.payload)
-                updates.append(upd)
+            results, engine = train_clients(algo, state, ids, fed, client_states, cfg, env, cpus)
+            used.add(engine)
+            updates = [upd for upd, _, _ in results]
+            down, up = sum(d for _, _, d in results), sum(nbytes(u.payload) for u in updates)
             state = algo.aggregate(state, updates, cfg, env)
             check_finite(state, "state", f"after the aggregation of round {t + 1}")
             n = sum(u.num_samples for u in updates) or 1
@@ -254,13 +245,14 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
                                         "config": to_dict(cfg), "seconds": time.perf_counter() - t0})
     except Diverged as e:
         log.warning("%s diverged: %s", algo.name, e)
-        return StageResult("diverged", state, client_states, history, seconds=time.perf_counter() - t0, error=str(e))
+        return StageResult("diverged", state, client_states, history, seconds=time.perf_counter() - t0, error=str(e),
+                           engine="+".join(sorted(used)))
     finally:
         bar.close()
     best_round = None
     if cfg.keep_best and best is not None:
         _, best_round, state, client_states = best
-    result = StageResult("ok", state, client_states, history, best_round=best_round)
+    result = StageResult("ok", state, client_states, history, best_round=best_round, engine="+".join(sorted(used)))
     try:
         check_finite(client_states, "client_states", "at the end of the stage")
         if test:

@@ -108,11 +108,11 @@ def scratch_model(env) -> nn.Module:
 def _meta_modules(spec: MetaSpec, env) -> dict[str, MetaNet]:
     # Structure only (weights come from lambda through functional_call); built on the meta
     # device so that it consumes no random numbers, cached per run.
-    key = ("fedl2p-nets", spec)
-    if key not in env._scratch:
+    def build():
         with torch.device("meta"):
-            env._scratch[key] = spec.modules()
-    return env._scratch[key]
+            return spec.modules()
+
+    return env.cached(("fedl2p-nets", spec), build)
 
 
 def prepare_client(weights: dict, client: Client, cfg, env) -> ClientContext:

@@ -1,0 +1,206 @@
+"""Engines: how `run_rounds` runs one round's client updates.
+
+The round loop owns sampling, aggregation (in the fixed order of the sampled ids), the
+history and the checkpoints; an engine only turns the round's sampled ids into their
+``(update, client state)`` pairs, in that order. Engines pflkit has:
+
+``sequential``
+    one client after the other in the calling thread (torch's global RNG seeded from
+    (seed, "client", id, round) before each, as pflkit always did).
+``threads``
+    a pool of worker threads on the CPU, each with one intra-op thread (torch releases the
+    GIL inside its kernels, so the workers' kernels overlap). Each client draws from its own
+    generators, so the numbers are the sequential engine's; at most one client update per
+    worker is in flight.
+``auto``
+    ``threads`` on the CPU when more than one core is available and the round samples more
+    than one client, else ``sequential``. It never picks an engine meant for a GPU.
+
+Another engine (e.g. one vectorized over clients) plugs in as one more entry of `RUNNERS`
+with the same signature, plus its rule in `resolve_engine`.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import os
+import queue
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from pflkit.config import ConfigError
+from pflkit.fl.algorithm import Algorithm, Env, Update
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "sequential", "threads")
+
+# (update, the client's new state, bytes of the message it received), one per sampled id, in order
+ClientResult = tuple[Update, Any, int]
+
+
+def check_engine(name: Any) -> str:
+    """``name`` if it is an engine pflkit has, else a one-line `ConfigError` naming it."""
+    if name not in ENGINES:
+        raise ConfigError(f"engine={name!r}: expected one of {', '.join(ENGINES)}")
+    return name
+
+
+def available_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def fallback_reason(requested: str, *, device_type: str, thread_unsafe: str = "") -> str:
+    """Why ``threads`` (requested, or what ``auto`` would pick) cannot run a stage; "" when nothing stops it."""
+    if requested not in ("threads", "auto"):
+        return ""
+    if thread_unsafe:
+        return f"its client update is not thread-safe: {thread_unsafe}"
+    if device_type != "cpu" and requested == "threads":
+        return f"the threads engine runs on the CPU only (device type {device_type!r})"
+    return ""
+
+
+def resolve_engine(requested: str, *, device_type: str, cpus: int, clients: int, thread_unsafe: str = "") -> str:
+    """The engine that runs one round (pure).
+
+    Args:
+        requested: ``"auto"``, ``"sequential"`` or ``"threads"`` (checked).
+        device_type: the run's device type (``"cpu"``, ``"cuda"``, ...).
+        cpus: cores available to the process.
+        clients: clients sampled this round.
+        thread_unsafe: the algorithm's reason not to run in threads ("" if none).
+    """
+    check_engine(requested)
+    if requested == "sequential" or thread_unsafe or device_type != "cpu" or clients < 2:
+        return "sequential"
+    return "threads" if requested == "threads" or cpus > 1 else "sequential"
+
+
+def thread_workers(cpus: int, clients: int) -> int:
+    """Worker threads for a round: one per core, never more than the clients."""
+    return max(1, min(cpus, clients))
+
+
+def _client_update(algo: Algorithm, msg, client, client_state, cfg, env: Env):
+    return algo.client_update(msg, client, client_state, cfg, env)
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes of all tensors / arrays inside a (nested) message or payload."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return sum(nbytes(getattr(obj, f)) for f in obj.__dataclass_fields__)
+    return 0
+
+
+def run_sequential(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg,
+                   env: Env) -> list[ClientResult]:
+    """One client after the other; torch's global RNG seeded per client (dropout-style draws).
+
+    Each client's new state enters ``client_states`` as soon as its update returns.
+    """
+    out = []
+    for cid in ids:
+        msg = algo.broadcast(state, cid, cfg, env)
+        env.seed_torch("client", cid, env.round)
+        upd, client_states[cid] = algo.client_update(msg, fed.clients[cid], client_states.get(cid), cfg, env)
+        out.append((upd, client_states[cid], nbytes(msg)))
+    return out
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    """torch's intra-op threads (process-wide) set to ``n`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def worker_envs(env: Env, n: int) -> list[Env]:
+    """``n`` views of ``env``, each with its own module cache, kept in ``env``'s cache across rounds.
+
+    Each worker thread trains in its own scratch modules (never more views than the most
+    workers a round has had); the views copy every other field of ``env`` (round, kernels...)
+    before each round.
+    """
+    views: list[Env] = env.cached("engine-workers", list)
+    views.extend(dataclasses.replace(env, _scratch={}) for _ in range(n - len(views)))
+    shared = [f.name for f in dataclasses.fields(env) if f.name != "_scratch"]
+    for view in views[:n]:
+        for name in shared:
+            setattr(view, name, getattr(env, name))
+    return views[:n]
+
+
+def run_threads(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env, *,
+                workers: int) -> list[ClientResult]:
+    """The round's clients in ``workers`` threads with one intra-op thread each; results in the order of ``ids``.
+
+    The messages are made in the calling thread, in order, as a worker frees up (at most
+    ``workers`` updates in flight). Each task runs in a copy of the caller's context
+    (context variables). After a failure no new client starts, and the failure of the first
+    failing client in ``ids`` order is raised, as the sequential engine would raise it.
+    """
+    free: queue.SimpleQueue[Env] = queue.SimpleQueue()
+    for view in worker_envs(env, workers):
+        free.put(view)
+    tasks: list[tuple[Future, int]] = []
+    with intra_op_threads(1), ThreadPoolExecutor(workers, thread_name_prefix="pflkit-client") as pool:
+        for cid in ids:
+            view = free.get()  # blocks until a worker is free
+            if any(f.done() and f.exception() is not None for f, _ in tasks):
+                free.put(view)
+                break
+            msg = algo.broadcast(state, cid, cfg, env)
+            run_in_context: Callable = contextvars.copy_context().run
+            fut = pool.submit(run_in_context, _client_update, algo, msg, fed.clients[cid], client_states.get(cid),
+                              cfg, view)
+            fut.add_done_callback(lambda _, v=view: free.put(v))
+            tasks.append((fut, nbytes(msg)))
+    out = []
+    for cid, (fut, down) in zip(ids, tasks):  # every task has finished: the pool shut down with wait=True
+        upd, client_states[cid] = fut.result()  # the first failure in ids order surfaces here, as sequentially
+        out.append((upd, client_states[cid], down))
+    # the global RNG as the sequential engine leaves it after a client update that draws nothing from it
+    env.seed_torch("client", ids[-1], env.round)
+    return out
+
+
+RUNNERS: dict[str, Callable[..., list[ClientResult]]] = {"sequential": run_sequential, "threads": run_threads}
+
+
+def train_clients(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env,
+                  cpus: int) -> tuple[list[ClientResult], str]:
+    """The round's client updates with ``env.engine`` resolved for this round: (results, engine used).
+
+    Client ``i``'s new state enters ``client_states`` once it and every client before it in
+    ``ids`` finished, so a failure leaves the states (and raises the error) the sequential
+    engine would.
+    """
+    used = resolve_engine(env.engine, device_type=torch.device(env.device).type, cpus=cpus, clients=len(ids),
+                          thread_unsafe=algo.thread_unsafe)
+    if used == "threads":
+        return run_threads(algo, state, ids, fed, client_states, cfg, env, workers=thread_workers(cpus, len(ids))), used
+    return RUNNERS[used](algo, state, ids, fed, client_states, cfg, env), used
