@@ -405,9 +405,11 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
 
 
 def _worker_threads(threads: int) -> None:
-    """A batch worker process: this many intra-op threads, so that ``jobs`` workers share the cores."""
+    """A batch worker process: this many intra-op threads and cores for the round engine, so that
+    ``jobs`` workers share the machine's cores instead of each taking all of them."""
     import torch
 
+    os.environ["PFLKIT_CPUS"] = str(threads)
     torch.set_num_threads(threads)
 
 

@@ -101,7 +101,16 @@ def _without_seconds(history):
     return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+# FedL2P's variants share its client update (only meta-net switches differ): one of them in the
+# default suite, the others with the `slow` marker, to keep the suite's time
+SLOW_VARIANTS = {"fedl2p_fomaml", "fedl2p_bnnet", "fedl2p_lrnet_beta1", "fedl2p_lrnet_beta0"}
+
+
+def _names(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_VARIANTS else n for n in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _names(ALGORITHMS))
 def test_threads_give_the_sequential_numbers_bitwise(fed, name):
     algo, cfg = ALGORITHMS[name], _config(name)
     seq = _run(algo, cfg, fed, "sequential")
@@ -117,7 +126,7 @@ def test_threads_give_the_sequential_numbers_bitwise(fed, name):
     assert torch.get_num_threads() == 1  # the pool's setting was restored
 
 
-@pytest.mark.parametrize("name", sorted(n for n, a in ALGORITHMS.items() if not a.thread_unsafe))
+@pytest.mark.parametrize("name", _names(n for n, a in ALGORITHMS.items() if not a.thread_unsafe))
 def test_thread_safe_client_updates_do_not_depend_on_torchs_global_rng(fed, name):
     """The deterministic check behind ``thread_unsafe == ""``: reseeding the global RNG before each
     client update changes nothing (a race in the pool could only show by chance)."""
@@ -267,3 +276,12 @@ def test_worker_views_have_their_own_caches_and_follow_the_env():
     again = engines.worker_envs(env, 3)
     assert all(a is b for a, b in zip(again, views)) and [v.round for v in again] == [4, 4, 4]
     assert engines.worker_envs(env, 1)[0] is views[0]
+
+
+def test_a_batch_worker_gets_its_share_of_the_cores(monkeypatch):
+    """`pflkit reproduce --jobs N` gives each worker PFLKIT_CPUS = cores / N: auto then sizes its pool by that."""
+    monkeypatch.setenv("PFLKIT_CPUS", "1")
+    assert engines.available_cpus() == 1
+    assert engines.resolve_engine("auto", device_type="cpu", cpus=engines.available_cpus(), clients=10) == "sequential"
+    monkeypatch.setenv("PFLKIT_CPUS", "not a number")
+    assert engines.available_cpus() >= 1
