@@ -121,9 +121,12 @@ def _cmd_reproduce(args) -> int:
 
         path = write_report(args.results, args.output, presets=[args.preset] if args.preset else None)
         print(f"wrote {path}")
-        if args.readme and Path(args.readme).exists():
-            changed = sync_readme(args.readme, args.results)
-            print(f"{args.readme}: {len(changed)} results table(s) regenerated" + "".join(f"\n  {c}" for c in changed))
+        readme = args.readme
+        if readme is None and args.results == "results" and Path("README.md").exists():
+            readme = "README.md"  # the repository's README, when the report is made from its results/
+        if readme:
+            changed = sync_readme(readme, args.results)
+            print(f"{readme}: {len(changed)} results table(s) regenerated" + "".join(f"\n  {c}" for c in changed))
         return 0
     import time
 
@@ -211,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="only write the reproduction report from --results")
     p.add_argument("--output", default="REPRODUCTION.md", help="the report's path (default: REPRODUCTION.md)")
-    p.add_argument("--readme", default="README.md",
-                   help="with --report: regenerate this file's results tables from --results (default: README.md)")
+    p.add_argument("--readme", default=None,
+                   help="with --report: regenerate this file's results tables from --results (default: README.md "
+                        "when --results is the default results/)")
     p.set_defaults(fn=_cmd_reproduce)
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True)
