@@ -64,7 +64,8 @@ def _run(name: str, args) -> int:
         results = run_flower(cfg, out, data_root=args.data_root, progress=not args.quiet)
     else:
         results = run_experiment(cfg, out, data_root=args.data_root, download=args.download, resume=args.resume,
-                                 overwrite=args.overwrite, progress=not args.quiet, engine=engine)
+                                 overwrite=args.overwrite, progress=not args.quiet, engine=engine,
+                                 keep_states=getattr(args, "keep_states", False))
     print(format_table(results))
     fig = save_figure(plot_methods(results).figure, out / "methods.png")
     print(f"results: {out / 'results.json'}\nfigure: {fig}")
@@ -168,6 +169,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                         "(client updates in a CPU thread pool; same numbers), flower (a Flower simulation); "
                         "pflkit: the older name of auto")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--keep-states", action="store_true",
+                   help="keep every stage's final server and client states (seedS/<stage>.final.pt, weights-only)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,6 +128,36 @@ def train_locally(algo, cfg, fed, model, env, *, checkpoint=None, resume=False, 
     return run_rounds(algo, cfg, fed, model, env, checkpoint=checkpoint, resume=resume, desc=desc)
 
 
+FINAL_STATES = ".final.pt"
+
+
+def final_states_path(run_dir, label: str, seed: int = 0) -> Path:
+    """Where a run made with ``keep_states`` keeps a stage's final states: ``seed{seed}/<slug>.final.pt``."""
+    return Path(run_dir) / f"seed{seed}" / f"{slug(label)}{FINAL_STATES}"
+
+
+def keeping_states(train):
+    """``train`` (an engine that trains one stage) that also saves the stage's final server state and
+    client states, weights-only, as ``<stage>.final.pt`` beside its checkpoint (not for a diverged stage):
+    figures and analyses then read the trained states instead of training again."""
+    def run(algo, cfg, fed, model, env, *, checkpoint=None, **kwargs):
+        result = train(algo, cfg, fed, model, env, checkpoint=checkpoint, **kwargs)
+        if checkpoint is not None and result.status != "diverged":
+            path = Path(checkpoint).with_suffix(FINAL_STATES)
+            save_torch(path, {"state": result.state, "client_states": result.client_states})
+        return result
+    return run
+
+
+def load_final_states(run_dir, label: str, seed: int = 0) -> dict:
+    """``{"state", "client_states"}`` of a stage of a run made with ``keep_states`` (weights-only load)."""
+    path = final_states_path(run_dir, label, seed)
+    if not path.exists():
+        raise FileNotFoundError(f"no final states at {path}: run the experiment with keep_states=True "
+                                f"(`pflkit run ... --keep-states`) and let {label!r} finish")
+    return load_torch(path)
+
+
 def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool,
                train=train_locally) -> dict:
     """Train and test one stage with ``train`` (an engine), or read it back if a previous run finished it."""
@@ -402,7 +432,7 @@ def prepare_folder(out: Path, fp: dict, *, resume: bool, overwrite: bool) -> Non
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, download: bool = False,
                    resume: bool = False, overwrite: bool = False, progress: bool = True, train=train_locally,
-                   engine: str = "auto") -> dict:
+                   engine: str = "auto", keep_states: bool = False) -> dict:
     """Run every seed of ``cfg`` into ``out`` and write ``out/results.json`` (atomically).
 
     ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
@@ -411,7 +441,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     ``"pflkit"`` is the older name of ``"auto"``). It does not change the numbers, so it is not
     part of the fingerprint that ``resume`` checks; results.json's ``environment`` records the
     requested engine and the one each stage used. ``download`` lets a missing dataset be
-    downloaded into the cache.
+    downloaded into the cache. ``keep_states`` keeps each stage's final server and client states
+    (`keeping_states`, `load_final_states`); it does not change the numbers either.
     ``out`` is locked while the run lasts; a folder holding an earlier run needs ``resume``
     (same settings, checked) or ``overwrite``. Returns the results dict (keys: config, engine,
     status, methods, rounds, timing, version, environment, data).
@@ -420,6 +451,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     """
     out = Path(out)
     engine = "auto" if engine == "pflkit" else engine
+    if keep_states:
+        train = keeping_states(train)
     if engine != "flower":
         check_engine(engine)  # a one-line error before any work
     with locked_folder(out), kernels.use_backend(cfg.kernels):

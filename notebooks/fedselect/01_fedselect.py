@@ -97,12 +97,11 @@ from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import Federation, build_federation
-from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model, head_param_names
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.report.tables import results_table
-from pflkit.runner import initial_model, make_env, run_experiment
+from pflkit.runner import load_final_states, make_env, run_experiment
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -178,7 +177,7 @@ results = {}
 for s in SETTINGS:
     cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
     results[s] = run_experiment(cfg, session.out / f"s{s}", data_root=session.data_root, download=session.download,
-                                resume=True, progress=False)
+                                resume=True, progress=False, keep_states=True)
 data_label, paper = session.dataset_label(results[2]), session.paper_header(results[2])
 for s in SETTINGS:
     failed = {label: m["status"] for label, m in results[s]["methods"].items() if m["status"] != "ok"}
@@ -228,20 +227,17 @@ for label in [k for k in acc if k.startswith("FedSelect")]:
 # %% [markdown]
 # ## 3. Fig. 1: how different are the clients' masks?
 # Intersection over union of every pair of client masks in the final linear layer, FedSelect with p = 0.5
-# (the same run as its Table 1 row: same seed, same federation; kept as a checkpoint in `out_dir`).
+# (its Table 1 row's trained client states, which the run above kept: `keep_states=True`).
 
 # %%
 fig, axes = plt.subplots(1, len(SETTINGS), figsize=(5.5 * len(SETTINGS) + 1, 5.2), layout="constrained")
 for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
-    stage = next(m for m in cfg.methods if m.label == "FedSelect (0.50)")
-    data = session.load(cfg.data.dataset, **cfg.data.options)
-    fed = Federation.load(session.out / f"s{s}" / f"seed{seed}" / "federation.npz", data)
-    run_env = make_env(cfg, fed, seed)
-    run = run_rounds(get_algorithm(stage.algorithm), stage.config, fed, initial_model(run_env), run_env,
-                     checkpoint=session.out / f"s{s}" / "fig1_fedselect_p050.ckpt", resume=True, test=False)
-    masks = client_masks(run.client_states)
-    head = head_param_names(run_env.model_fn())
+    kept = load_final_states(session.out / f"s{s}", "FedSelect (0.50)", seed)
+    masks = client_masks(kept["client_states"])
+    fed = Federation.load(session.out / f"s{s}" / f"seed{seed}" / "federation.npz",
+                          session.load(cfg.data.dataset, **cfg.data.options))
+    head = head_param_names(make_env(cfg, fed, seed).model_fn())
     iou = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
     sns.heatmap(iou, vmin=0, vmax=1, cmap="viridis", annot=len(iou) <= 10, fmt=".2f", ax=ax, square=True,
                 annot_kws={"size": 7}, cbar=False)
