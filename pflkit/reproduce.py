@@ -48,6 +48,7 @@ from pflkit.report.compact import COMPACT_FORMAT, compact_path, compact_result
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "_status.json"  # per experiment: the last batch's outcome (why one was not run)
+MATRIX_DONE = "_matrix_done.json"  # in the work folder: the inputs the matrix table and figure were drawn from
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
 # settings that do not change a run's numbers (or only document it): not part of `config_hash`
@@ -366,7 +367,7 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
     nb_done = work / "notebooks" / NOTEBOOKS_DONE
     nb_record = read_json(nb_done) if nb_done.exists() else {}
     jobs, nb_key = _notebook_plan(selection, preset, results_dir, code, {} if force else nb_record,
-                                  {c.name for c, _ in todo}, outcomes) if notebooks else ([], None)
+                                  {c.name for c, _ in todo}, outcomes, catalog) if notebooks else ([], None)
     old = read_json(status_file) if status_file.exists() else {}
     weights = _weights([_estimate(compact_path(results_dir, preset, c.name), old, c.name) for c, _ in todo]
                        + [_recorded(nb_record, j).get("seconds") for j in jobs])
@@ -379,7 +380,6 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
                          overrides=overrides, data_root=data_root, download=download), cfg.name) for cfg, _ in todo]
         params = {"device": device, "results_root": str(work.resolve()),
                   **({"data_root": str(data_root)} if data_root else {})}
-        books = [(partial(run_notebook, folder, name, preset, work, params), f"{folder}/{name}") for folder, name in jobs]
         try:
             for o in _in_turn(runs, n_jobs, processes=True, started=lambda what: bar.set_postfix_str(
                     f"{count + 1}/{total} {what}")):
@@ -389,6 +389,13 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
                 if n_jobs > 1:
                     bar.set_postfix_str(f"{count}/{total} {o.name}")
                 bar.update(next(steps))
+            for job in _unchanged_after_runs(jobs, {} if force else nb_record, nb_key):
+                jobs.remove(job)  # its paper's reruns left its inputs as they were (e.g. data missing)
+                outcomes.append(Outcome(f"notebooks/{'/'.join(job)}", SKIPPED, "up to date"))
+                count += 1
+                bar.update(next(steps))
+            books = [(partial(run_notebook, folder, name, preset, work, params), f"{folder}/{name}")
+                     for folder, name in jobs]
             for (fn, what), o in zip(books, _in_turn(books, n_jobs, processes=False, ordered=True)):
                 outcomes.append(o)
                 if o.status == DONE:  # its inputs as they were when it ran: the next batch skips it
@@ -456,13 +463,25 @@ def _matrix_outputs(selection: dict[str, Path], preset: str, results_dir, work: 
         return []
     from pflkit.notebooks import figures_root
 
+    import pflkit.report.matrix as matrix_module
+
     folder = work / PAPER if preset == "smoke" else figures_root() / PAPER
+    label, record = f"{PAPER} table and figure", work / MATRIX_DONE
+    outputs = [folder / f"matrix_{preset}.md", folder / f"matrix_{preset}.png"]
     t0 = time.perf_counter()
     try:
-        md, png = write_matrix(load_results(results_dir).get(preset, {}), preset, folder, declared_exclusions())
+        results, excluded = load_results(results_dir).get(preset, {}), declared_exclusions()
+        fingerprints = [(n, (results.get(n) or {}).get("fingerprint")) for n in sorted(excluded)]
+        key = hashlib.sha256(json.dumps([preset, fingerprints, sorted(excluded.items()),
+                                         Path(matrix_module.__file__).read_text()], default=str).encode())
+        key = key.hexdigest()[:16]
+        if all(o.exists() for o in outputs) and record.exists() and read_json(record).get("key") == key:
+            return [Outcome(label, SKIPPED, "up to date")]
+        md, png = write_matrix(results, preset, folder, excluded)
+        write_json(record, {"key": key})
     except Exception as e:  # noqa: BLE001 - the runs are kept; only the rendering failed
-        return [Outcome(f"{PAPER} table and figure", FAILED, _one_line(e), time.perf_counter() - t0)]
-    return [Outcome(f"{PAPER} table and figure", DONE, f"{md}, {png}", time.perf_counter() - t0)]
+        return [Outcome(label, FAILED, _one_line(e), time.perf_counter() - t0)]
+    return [Outcome(label, DONE, f"{md}, {png}", time.perf_counter() - t0)]
 
 
 def _weights(seconds: list) -> list[float]:
@@ -482,21 +501,33 @@ def _recorded(done: dict, job: tuple[str, str]) -> dict:
 
 
 def _notebook_plan(selection: dict[str, Path], preset: str, results_dir, code: dict | None, done: dict,
-                   rerun: set, outcomes: list[Outcome]):
+                   rerun: set, outcomes: list[Outcome], root: Path | None = None):
     """(notebooks to execute, their key function `_notebook_key`): the notebooks of the selected papers,
     less those whose key is the one recorded in ``done`` when they last ran through the batch and whose
-    paper has no experiment to rerun now; those are appended to ``outcomes`` as skipped."""
+    paper has no experiment to rerun now; those are appended to ``outcomes`` as skipped. A key covers
+    all of the paper's experiments in the catalog ``root``, whatever the selection."""
     folders = {p.parent.name for p in selection.values()}
     jobs = [j for j in _safe_notebook_jobs(outcomes) if j[0] in folders]
     rerun_folders = {selection[n].parent.name for n in rerun}
 
-    def key(folder: str, name: str) -> str:
-        mine = sorted(n for n, p in selection.items() if p.parent.name == folder)
+    from pflkit.experiments import list_experiments
+
+    catalog = list_experiments(root)
+
+    def key(folder: str, name: str) -> str:  # all of the paper's experiments, whatever the selection
+        mine = sorted(n for n, p in catalog.items() if p.parent.name == folder)
         return _notebook_key(folder, name, preset, code, [compact_path(results_dir, preset, n) for n in mine])
 
     fresh = [j for j in jobs if j[0] not in rerun_folders and _recorded(done, j).get("key") == key(*j)]
     outcomes += [Outcome(f"notebooks/{f}/{n}", SKIPPED, "up to date") for f, n in fresh]
     return [j for j in jobs if j not in fresh], key
+
+
+def _unchanged_after_runs(jobs: list[tuple[str, str]], done: dict, key) -> list[tuple[str, str]]:
+    """The planned notebooks whose key, computed now that the batch's experiments have run, is the one
+    recorded when they last ran: an experiment that was to rerun but did not change its result (not run
+    for missing data, failed) leaves its paper's notebooks up to date."""
+    return [j for j in jobs if _recorded(done, j).get("key") == key(*j)]
 
 
 def _notebook_key(folder: str, name: str, preset: str, code: dict | None, compacts: list[Path]) -> str:

@@ -173,3 +173,10 @@ def test_reproduce_runs_a_matrix_file_and_writes_the_table_and_figure(tmp_path, 
     assert "| FedL2P |" in md and "not run" in md  # the other scenarios have no result here
     assert (tmp_path / "work" / "matrix" / "matrix_smoke.png").stat().st_size > 0
     assert took < 180, f"{took:.0f} s"
+    again = dict(paper="matrix", results_dir=tmp_path / "results", work_dir=tmp_path / "work", overrides=["seeds=1"],
+                 catalog=catalog.parent, notebooks=False, progress=False, data_root=shared_data)
+    assert {o.status for o in rp.reproduce("smoke", **again)} == {"skipped"}  # nothing changed: nothing drawn
+    (tmp_path / "work" / "matrix" / "matrix_smoke.png").unlink()
+    status = {o.name: o.status for o in rp.reproduce("smoke", **again)}
+    assert status == {"matrix_dirichlet": "skipped", "matrix table and figure": "done"}
+    assert (tmp_path / "work" / "matrix" / "matrix_smoke.png").exists()

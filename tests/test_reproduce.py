@@ -369,7 +369,13 @@ def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
 def test_batch_runs_the_selected_papers_notebooks_after_the_experiments(batch, monkeypatch):
     order = []
     monkeypatch.setattr(rp, "_safe_notebook_jobs", lambda outcomes: [("tiny", "a.ipynb"), ("other", "b.ipynb")])
-    monkeypatch.setattr(rp, "run_one", lambda cfg, *a, **kw: order.append(cfg.name) or rp.Outcome(cfg.name, rp.DONE))
+    def run_one(cfg, *a, **kw):
+        order.append(cfg.name)
+        if cfg.name == "tiny_cifar100":  # stale each batch, yet nothing it writes changes
+            return rp.Outcome(cfg.name, rp.NOT_RUN, "data missing: cifar100")
+        return rp.Outcome(cfg.name, rp.DONE)
+
+    monkeypatch.setattr(rp, "run_one", run_one)
 
     def notebook(folder, name, preset, work, params):
         order.append(f"{folder}/{name}")
@@ -379,7 +385,7 @@ def test_batch_runs_the_selected_papers_notebooks_after_the_experiments(batch, m
     monkeypatch.setattr(rp, "run_notebook", notebook)
     inputs = {"text": "v1"}  # stands for the notebook's text (the real key also hashes the code and results)
     monkeypatch.setattr(rp, "_notebook_key", lambda folder, name, preset, code, compacts:
-                        f"{inputs['text']} {folder}/{name} {[(c.name, c.stat().st_mtime_ns) for c in compacts]}")
+                        f"{inputs['text']} {folder}/{name} {[(c.name, c.exists() and c.stat().st_mtime_ns) for c in compacts]}")
     kw = {**batch["kw"], "notebooks": True}
     out = by_name(rp.reproduce("smoke", force=True, only="tiny_digits", **kw))
     assert order == ["tiny_digits", "tiny/a.ipynb"]  # only the notebooks of the selected papers, last
@@ -394,6 +400,10 @@ def test_batch_runs_the_selected_papers_notebooks_after_the_experiments(batch, m
     assert order[2:] == ["tiny/a.ipynb"] and out["tiny_digits"].status == "skipped"
     done = json.loads((Path(batch["kw"]["work_dir"]) / "notebooks" / rp.NOTEBOOKS_DONE).read_text())
     assert set(done) == {"tiny/a.ipynb"} and set(done["tiny/a.ipynb"]) == {"key", "seconds"}  # seconds: the estimate
+    # the whole paper: tiny_cifar100 is tried again and not run; the notebook's inputs did not change
+    out = by_name(rp.reproduce("smoke", **kw))
+    assert order[3:] == ["tiny_cifar100"] and out["notebooks/tiny/a.ipynb"].status == "skipped"
+    assert out["tiny_cifar100"].status == "not run"
 
 
 def test_progress_estimate_uses_each_experiments_last_time(tmp_path):
