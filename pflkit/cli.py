@@ -55,13 +55,11 @@ def _run(name: str, args) -> int:
         raise ConfigError(f"--engine={engine!r}: expected one of {', '.join(ENGINES)}, flower")
     out = Path(args.out or default_out(cfg, overrides))
     if engine == "flower":  # a local Flower simulation (Ray), one virtual SuperNode per client
-        if args.resume:
-            raise ConfigError("--resume is not available with --engine flower")
         try:
             from pflkit.flower.simulation import run_flower
         except ImportError as e:
             raise ConfigError(f"--engine flower needs Flower: pip install -e \".[flower]\" ({e})") from e
-        results = run_flower(cfg, out, data_root=args.data_root, progress=not args.quiet)
+        results = run_flower(cfg, out, data_root=args.data_root, progress=not args.quiet, resume=args.resume)
     else:
         results = run_experiment(cfg, out, data_root=args.data_root, download=args.download, resume=args.resume,
                                  overwrite=args.overwrite, progress=not args.quiet, engine=engine,

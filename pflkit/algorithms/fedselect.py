@@ -533,6 +533,7 @@ FEDSELECT = Algorithm(
     name="fedselect", label="FedSelect", config=FedSelectConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
     global_model=lambda state: state["weights"], report=mask_report,
+    eval_view=lambda state, cid, cfg, env: {"weights": state["weights"]},  # not every client's mask
 )
 
 FEDSELECT_V2 = replace(FEDSELECT, name="fedselect_v2", label="FedSelectv2", config=FedSelectV2Config)

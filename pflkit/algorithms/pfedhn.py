@@ -470,9 +470,17 @@ def fit_novel_clients(trained_state: dict, novel, cfg, env, *, init: str = "mean
     return result
 
 
+def evaluate_generated(view, client, client_state, cfg, env, split):
+    """A client's evaluation from its generated weights alone (`broadcast`'s message: h stays on the
+    server); the target network `personal_model` builds."""
+    model = client_model(view["theta"], view["width"], client, client_state, cfg, env)
+    return evaluate_model(model, client, split, device=env.device)
+
+
 PFEDHN = Algorithm(
     name="pfedhn", label="pFedHN", config=PFedHNConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
+    eval_view=broadcast, eval_from_view=evaluate_generated,
 )
 
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)

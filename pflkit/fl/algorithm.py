@@ -198,6 +198,12 @@ class Algorithm:
         report: optional ``report(state, fed, cfg, env, client_states) -> JSON-able`` with what
             the algorithm learned per client (FedL2P's beta / eta, FedSelect's masks); the
             runner stores it beside the stage's results.
+        eval_view: ``eval_view(state, cid, cfg, env) -> view``, the part of the server state an
+            evaluation of client ``cid`` needs (what travels to it on Flower). Default: the whole
+            state (FedAvg's weights, FedL2P's theta_g and lambda); pFedHN: the client's generated
+            weights (the hypernetwork stays on the server); FedSelect: the global weights only.
+        eval_from_view: ``(view, client, client_state, cfg, env, split) -> Metrics`` when the view is
+            not a state ``evaluate`` reads (pFedHN); None: ``evaluate`` itself.
     """
 
     name: str
@@ -213,6 +219,12 @@ class Algorithm:
     needs_pretrained: bool = False
     exports_global: bool = False
     thread_unsafe: str = ""
+    eval_view: Callable = lambda state, cid, cfg, env: state
+    eval_from_view: Callable | None = None
+
+    def evaluate_view(self, view, client, client_state, cfg, env, split) -> Metrics:
+        """The client's metrics on ``split`` from ``eval_view``'s view of the server state."""
+        return (self.eval_from_view or self.evaluate)(view, client, client_state, cfg, env, split)
 
     def make_config(self, values: dict | None = None, prefix: str = ""):
         from pflkit.config import from_dict

@@ -5,6 +5,11 @@ algorithms share (which clients take part, how often to validate, which state to
 keep, when to checkpoint, the progress bar, the per-round history) and nothing
 an algorithm decides (what travels, how the server combines it).
 
+Where the clients run is the transport's business (`pflkit.fl.transport`): in this
+process (`LocalTransport`, the default) or on Flower nodes
+(`pflkit.flower.server_app.PflkitStrategy`); the loop is the same for both, so a stage
+gives the same history and results whichever carries its messages.
+
 Determinism: client sampling draws from (seed, round) and each client update from
 (seed, client, round), so a run resumed from a checkpoint ends with exactly the
 numbers of an uninterrupted one, and the engine that runs a round's client updates
@@ -27,9 +32,10 @@ from tqdm.auto import tqdm
 
 from pflkit.config import to_dict
 from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
-from pflkit.fl.engines import available_cpus, check_engine, fallback_reason, nbytes, train_clients
+from pflkit.fl.engines import check_engine, fallback_reason, nbytes  # noqa: F401 - public here too (notebooks)
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged
+from pflkit.fl.transport import Evaluation, LocalTransport, RoundWork, Transport
 from pflkit.io import load_torch, save_torch
 
 log = logging.getLogger(__name__)
@@ -166,9 +172,42 @@ class StageResult:
         return summarize(self.per_client) if self.per_client else {"acc": math.nan, "loss": math.nan}
 
 
+def _round_row(t: int, ids: list[int], work: RoundWork) -> dict:
+    """The history row of round ``t + 1`` from its client work (before validation)."""
+    updates = work.updates
+    n = sum(u.num_samples for u in updates) or 1
+    losses = [u.metrics["loss"] * u.num_samples for u in updates if "loss" in u.metrics]
+    row = {"round": t + 1, "clients": len(ids), "train_loss": sum(losses) / n if losses else None,
+           "bytes_down": work.down, "bytes_up": work.up, "completed": len(updates), "failed": sorted(work.failures),
+           "failures": {str(c): r for c, r in sorted(work.failures.items())}}
+    if row["train_loss"] is not None and not math.isfinite(row["train_loss"]):
+        raise Diverged(f"non-finite training loss in round {t + 1}")
+    keys = {k for u in updates for k in u.metrics} - {"loss"}
+    row.update({f"client_{k}": float(np.mean([u.metrics[k] for u in updates if k in u.metrics])) for k in keys})
+    return row
+
+
+def _validation(ev: Evaluation) -> tuple[dict, dict]:
+    """(the pass's mean metrics, its entries of the history row)."""
+    val = summarize(ev.per_client)
+    row = {"val_acc": val["acc"], "val_loss": val["loss"], "bytes_eval": ev.down}
+    if ev.failures:
+        row["val_failed"] = sorted(ev.failures)
+        row["val_failures"] = {str(c): r for c, r in sorted(ev.failures.items())}
+    return val, row
+
+
+def _test_metrics(ev: Evaluation) -> dict[int, dict]:
+    """Every client's test metrics; a client whose evaluation failed gets NaN and the reason."""
+    out = dict(ev.per_client)
+    for cid, reason in ev.failures.items():
+        out[cid] = {"acc": math.nan, "loss": math.nan, "failed": reason}  # no "n": it is not known
+    return {cid: out[cid] for cid in sorted(out)}
+
+
 def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Module, env: Env, *,
                checkpoint: str | os.PathLike | None = None, resume: bool = False, test: bool = True,
-               desc: str | None = None) -> StageResult:
+               desc: str | None = None, transport: Transport | None = None) -> StageResult:
     """Train ``algo`` for ``cfg.rounds`` rounds on ``fed``, then test every client.
 
     Args:
@@ -181,6 +220,7 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
         resume: continue from ``checkpoint`` if it exists.
         test: evaluate every client's test split at the end.
         desc: progress-bar label (None: no bar).
+        transport: how the messages reach the clients (`pflkit.fl.transport`); default: this process.
 
     Returns:
         A `StageResult`; ``status`` is ``"diverged"`` when a loss, a weight or a buffer of the
@@ -189,19 +229,24 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     """
     check_config(algo, cfg)
     check_engine(env.engine)
-    cpus, used = available_cpus(), set()
+    transport = transport if transport is not None else LocalTransport()
+    used = set()
     why = fallback_reason(env.engine, device_type=torch.device(env.device).type, thread_unsafe=algo.thread_unsafe)
-    if why and cfg.rounds > 0:
+    if why and cfg.rounds > 0 and transport.name == "local":
         log.info("%s: engine %s runs its clients sequentially: %s", algo.name, env.engine, why)
     t0 = time.perf_counter()
+    transport.open(algo, cfg, fed, env)
     state = algo.init(model, fed, cfg, env)
-    client_states: dict[int, Any] = {}
     history: list[dict] = []
-    best: tuple[float, int, Any, dict] | None = None
+    best: tuple[float, int, Any] | None = None
     start, earlier = 0, 0.0
     if resume and checkpoint is not None and os.path.exists(checkpoint):
         ck = load_torch(checkpoint)
-        start, state, client_states, history, best = ck["round"], ck["state"], ck["client_states"], ck["history"], ck["best"]
+        start, state, history, best = ck["round"], ck["state"], ck["history"], ck["best"]
+        if "transport" not in ck:  # a checkpoint from before transports: the local client states
+            ck["transport"] = {"client_states": ck["client_states"], "best_client_states": best and best[3]}
+            best = best and best[:3]
+        transport.restore(ck["transport"])
         earlier = float(ck.get("seconds", 0.0))  # time spent before the stop counts in the stage's seconds
         log.info("resumed %s at round %d from %s", algo.name, start, checkpoint)
     t0 -= earlier
@@ -212,53 +257,52 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
             env.round = t
             tr = time.perf_counter()
             ids = sample_clients(fed.seen_ids, cfg, env, t)
-            results, engine = train_clients(algo, state, ids, fed, client_states, cfg, env, cpus)
-            used.add(engine)
-            updates = [upd for upd, _, _ in results]
-            down, up = sum(d for _, _, d in results), sum(nbytes(u.payload) for u in updates)
-            state = algo.aggregate(state, updates, cfg, env)
-            check_finite(state, "state", f"after the aggregation of round {t + 1}")
-            n = sum(u.num_samples for u in updates) or 1
-            losses = [u.metrics["loss"] * u.num_samples for u in updates if "loss" in u.metrics]
-            row = {"round": t + 1, "clients": len(ids), "train_loss": sum(losses) / n if losses else None,
-                   "bytes_down": down, "bytes_up": up}
-            if row["train_loss"] is not None and not math.isfinite(row["train_loss"]):
-                raise Diverged(f"non-finite training loss in round {t + 1}")
-            extra = {k: float(np.mean([u.metrics[k] for u in updates if k in u.metrics]))
-                     for k in {k for u in updates for k in u.metrics} - {"loss"}}
-            row.update({f"client_{k}": v for k, v in extra.items()})
-            val = None
+            work = transport.train(state, ids, t)
+            used.add(work.engine)
+            if work.updates:
+                state = algo.aggregate(state, work.updates, cfg, env)
+                check_finite(state, "state", f"after the aggregation of round {t + 1}")
+            else:
+                log.warning("%s round %d: no client answered; the state is unchanged", algo.name, t + 1)
+            row, val = _round_row(t, ids, work), None
             if cfg.eval_every and ((t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds):
-                val = summarize(evaluate_clients(algo, state, client_states, fed, val_ids, cfg, env, "val"))
-                row.update({"val_acc": val["acc"], "val_loss": val["loss"]})
-            score = _score(cfg, val, updates)
+                val, entries = _validation(transport.evaluate(state, val_ids, "val"))
+                row.update(entries)
+            score = _score(cfg, val, work.updates)
             if cfg.keep_best and score is not None and (best is None or score > best[0]):  # never NaN
-                best = (score, t + 1, copy.deepcopy(state), copy.deepcopy(client_states))
+                best = (score, t + 1, copy.deepcopy(state))
+                transport.mark_best(t + 1)
             row["seconds"] = time.perf_counter() - tr
             history.append(row)
             if desc is not None:
                 bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_loss", "val_acc") if row.get(k) is not None})
             log.info("%s round %d: %s", algo.name, t + 1, {k: v for k, v in row.items() if k != "round"})
             if checkpoint is not None and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.rounds):
-                save_torch(checkpoint, {"round": t + 1, "state": state, "client_states": client_states,
+                transport.saved(t + 1)
+                save_torch(checkpoint, {"round": t + 1, "state": state, "transport": transport.snapshot(),
                                         "history": history, "best": best, "algorithm": algo.name,
                                         "config": to_dict(cfg), "seconds": time.perf_counter() - t0})
     except Diverged as e:
         log.warning("%s diverged: %s", algo.name, e)
-        return StageResult("diverged", state, client_states, history, seconds=time.perf_counter() - t0, error=str(e),
-                           engine="+".join(sorted(used)))
+        return StageResult("diverged", state, transport.client_states(), history, seconds=time.perf_counter() - t0,
+                           error=str(e), engine=_engines(used))
     finally:
         bar.close()
-    best_round = None
-    if cfg.keep_best and best is not None:
-        _, best_round, state, client_states = best
-    result = StageResult("ok", state, client_states, history, best_round=best_round, engine="+".join(sorted(used)))
+    at_best = cfg.keep_best and best is not None
+    best_round = best[1] if at_best else None
+    if at_best:
+        state = best[2]
+    result = StageResult("ok", state, transport.client_states(at_best), history, best_round=best_round,
+                         engine=_engines(used))
     try:
-        check_finite(client_states, "client_states", "at the end of the stage")
+        check_finite(result.client_states, "client_states", "at the end of the stage")
         if test:
-            result.set_test(evaluate_clients(algo, state, client_states, fed, range(fed.num_clients), cfg, env,
-                                             "test", desc=None if desc is None else f"{desc}: test"))
+            result.set_test(_test_metrics(transport.evaluate(state, range(fed.num_clients), "test", at_best)))
     except Diverged as e:
         result.status, result.error = "diverged", str(e)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _engines(used: set) -> str:
+    return "+".join(sorted(u for u in used if u))

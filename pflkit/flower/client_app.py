@@ -6,13 +6,16 @@ Three message handlers (Flower's Message API):
   server can map pflkit client ids to Flower node ids;
 * ``train``: decodes the server's message, runs ``algo.client_update`` on partition
   ``partition-id`` of the pflkit federation and replies with the update's payload;
-* ``evaluate``: runs the algorithm's evaluation (`pflkit.flower.specs`) on the
-  ``val`` or ``test`` split.
+* ``evaluate``: runs the algorithm's evaluation from its view of the server state
+  (`Algorithm.eval_view` / `Algorithm.evaluate_view`) on the ``val`` or ``test`` split.
 
 Per-client state that must survive rounds (personal heads, masks, posteriors, the
 client's lambda in L2P) is kept in ``context.state`` under the stage's namespace,
 one version per round it changed: keep-best evaluates a client with its state as of
-the best round, as `pflkit.fl.loop.run_rounds` does with its deep copies. Message
+the best round, as `pflkit.fl.loop.run_rounds` does with its deep copies. With a state
+folder (node config ``state-dir``, or the run's ``client-state-dir``) the versions are
+also files, so a stopped run resumed from its last checkpoint finds each client's state
+as of that round. Message
 parts that the server marks as unchanged since this node last received them (FedL2P's
 pretrained theta_g) are read from ``context.state`` instead of travelling again.
 
@@ -23,9 +26,12 @@ as in a single-process run.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import time
+from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -33,7 +39,7 @@ from flwr.clientapp import ClientApp
 from pflkit.fl.train import Diverged
 from pflkit.flower import records
 from pflkit.flower.runtime import find_stage, runtime, set_threads
-from pflkit.flower.specs import eval_spec
+from pflkit.io import load_torch, save_torch
 from pflkit.kernels import use_backend
 
 log = logging.getLogger(__name__)
@@ -110,22 +116,60 @@ def _versions(state: RecordDict, ns: str) -> list[int]:
     return list(state[key]["rounds"]) if key in state else []
 
 
-def load_client_state(state: RecordDict, ns: str, at: int | None = None):
-    """The client state as of round ``at`` (latest version <= at; None: the latest one)."""
+def state_folder(context: Context, h: dict, pid: int) -> Path | None:
+    """Where this node also writes its client states, so that a resumed run finds them: the node's
+    ``state-dir`` (node config), else the run's ``client-state-dir`` (a simulation's shared disk); None: memory only."""
+    root = context.node_config.get("state-dir") or h.get("client-state-dir") or ""
+    if not root:
+        return None
+    ns = _ns(h)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", ns).strip("_")[:60]
+    return Path(str(root)) / f"{safe}-{hashlib.sha256(ns.encode()).hexdigest()[:8]}" / f"client{pid}"
+
+
+def _disk_versions(folder: Path | None) -> list[int]:
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(int(f.stem.split("@")[1]) for f in folder.glob("cs@*.pt"))
+
+
+def load_client_state(state: RecordDict, ns: str, at: int | None = None, folder: Path | None = None):
+    """The client state as of round ``at`` (latest version <= at; None: the latest one), from the
+    node's context or else its state folder (after a restart)."""
     rounds = [r for r in _versions(state, ns) if at is None or r <= at]
-    return records.get(state, f"{ns}/cs@{max(rounds)}") if rounds else None
+    if rounds:
+        return records.get(state, f"{ns}/cs@{max(rounds)}")
+    rounds = [r for r in _disk_versions(folder) if at is None or r <= at]
+    return load_torch(folder / f"cs@{max(rounds)}.pt") if rounds else None
 
 
-def save_client_state(state: RecordDict, ns: str, round_: int, obj, best: int) -> None:
-    """Store version ``round_``; keep the versions keep-best may still need (best < 0: only the latest)."""
+def save_client_state(state: RecordDict, ns: str, round_: int, obj, keep_from: int,
+                      folder: Path | None = None) -> None:
+    """Store version ``round_``; keep the versions keep-best or a resume may still read: every one after
+    ``keep_from`` and the last one at or before it (``keep_from < 0``: only the latest). Versions after
+    ``round_`` were left by a stopped run that this one resumed: they go."""
     records.put(state, f"{ns}/cs@{round_}", obj)
-    rounds = sorted(set(_versions(state, ns)) | {round_})
-    below = [r for r in rounds if r <= best]
-    keep = {round_} if best < 0 else {r for r in rounds if r > best} | set(below[-1:])
+    if folder is not None:
+        save_torch(folder / f"cs@{round_}.pt", obj)
+    rounds = sorted(set(_versions(state, ns)) | set(_disk_versions(folder)) | {round_})
+    below = [r for r in rounds if r <= keep_from]
+    keep = {round_} if keep_from < 0 else {r for r in rounds if keep_from < r <= round_} | set(below[-1:])
     for r in rounds:
         if r not in keep:
             records.drop(state, f"{ns}/cs@{r}")
-    state[f"{ns}/cs-rounds"] = ConfigRecord({"rounds": sorted(keep)})
+            if folder is not None:
+                (folder / f"cs@{r}.pt").unlink(missing_ok=True)
+    state[f"{ns}/cs-rounds"] = ConfigRecord({"rounds": sorted(keep & set(_versions(state, ns)) | {round_})})
+
+
+def _client_state(context: Context, h: dict, pid: int, at: int | None):
+    """The state this client had as of round ``at``; a client the server knows to hold one and that has
+    none (a restarted node without a state folder) fails rather than starting afresh."""
+    found = load_client_state(context.state, _ns(h), at, state_folder(context, h, pid))
+    if found is None and int(h.get("has-state", 0)):
+        raise RuntimeError(f"client {pid} has no state of stage {h['stage']!r} as of round {at}: a resumed run "
+                           "needs the node's client states (node config state-dir)")
+    return found
 
 
 def receive(content: RecordDict, state: RecordDict, ns: str, h: dict):
@@ -169,31 +213,32 @@ def handle_train(msg: Message, context: Context, faults: dict | None = None) -> 
     h, pid, rt, algo, cfg = _prepare(msg, context, faults)
     ns, t = _ns(h), int(h["round"])
     message = receive(msg.content, context.state, ns, h)
+    before = _client_state(context, h, pid, t)  # as of this round (a resumed run has later versions)
     rt.env.round = t
     rt.env.seed_torch("client", pid, t)
     try:
         with use_backend(rt.cfg.kernels):  # the run's kernel backend, for this call only
-            update, client_state = algo.client_update(message, rt.fed.clients[pid],
-                                                      load_client_state(context.state, ns), cfg, rt.env)
+            update, client_state = algo.client_update(message, rt.fed.clients[pid], before, cfg, rt.env)
     except Diverged as e:  # the run's outcome, not a node failure: the server stops the stage
         return _reply(msg, {"diverged": str(e)}, {})
-    save_client_state(context.state, ns, t + 1, client_state, int(h["best"]))
-    header = {"client-id": int(update.client_id), "num-samples": int(update.num_samples)}
+    if client_state is not None:
+        save_client_state(context.state, ns, t + 1, client_state, int(h["keep-from"]), state_folder(context, h, pid))
+    header = {"client-id": int(update.client_id), "num-samples": int(update.num_samples),
+              "has-state": int(client_state is not None)}
     return _reply(msg, header, update.metrics, update.payload, with_payload=True)
 
 
 def handle_evaluate(msg: Message, context: Context, faults: dict | None = None) -> Message:
     """The algorithm's evaluation of this client on ``split`` (``state-round``: keep-best's round)."""
     h, pid, rt, algo, cfg = _prepare(msg, context, faults)
-    ns = _ns(h)
-    view = receive(msg.content, context.state, ns, h)
+    view = receive(msg.content, context.state, _ns(h), h)
     at = int(h["state-round"])
-    client_state = load_client_state(context.state, ns, None if at < 0 else at)
+    client_state = _client_state(context, h, pid, at if at >= 0 else int(h["round"]) + 1)
     rt.env.round = int(h["round"])
     rt.env.seed_torch("eval", pid, h["split"])
     try:
         with use_backend(rt.cfg.kernels):
-            metrics = eval_spec(algo).evaluate(view, rt.fed.clients[pid], client_state, cfg, rt.env, h["split"])
+            metrics = algo.evaluate_view(view, rt.fed.clients[pid], client_state, cfg, rt.env, h["split"])
     except Diverged as e:
         return _reply(msg, {"diverged": str(e)}, {})
     return _reply(msg, {"client-id": pid}, metrics)

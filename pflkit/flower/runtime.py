@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -109,10 +110,9 @@ def runtime(experiment_json: str, preset: str, data_root: str, seed: int) -> Run
 def set_threads(num: int | float | None) -> None:
     """Match torch's intra-op threads to the CPUs this client was given (no oversubscription)."""
     if num is None:
+        ray = sys.modules.get("ray")  # a Ray actor has imported it; importing it here would cost seconds
         try:  # inside a Ray actor: the CPUs Ray reserved for it
-            import ray
-
-            if ray.is_initialized():
+            if ray is not None and ray.is_initialized():
                 num = ray.get_runtime_context().get_assigned_resources().get("CPU")
         except Exception:  # noqa: BLE001 - not in Ray: leave torch's default
             num = None

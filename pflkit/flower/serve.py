@@ -7,8 +7,12 @@ instead of pflkit's own loop. The files written are those of a pflkit run: one J
 stage, the pretrained weights, ``federation.npz`` and ``results.json``. One Flower run
 serves every stage, so Ray starts once per experiment.
 
-Not available on Flower (they need the clients' state on the server): ``resume`` (a
-stopped Flower run starts its unfinished stage again) and reports that read client state.
+Each stage runs through pflkit's own round loop (`pflkit.fl.loop.run_rounds`) with the
+strategy as its transport, so a stopped Flower run resumes like a local one (``resume``):
+finished stages are skipped and the unfinished one continues from its last checkpoint, the
+clients reading their states as of that round from their state folder (node config
+``state-dir``; in a simulation the run's ``client-state-dir``, by default ``out/client-states``).
+Not available on Flower: reports that read client state (they live on the clients).
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ def serve(grid: Grid, settings) -> dict:
     ``overrides``; ``data-root``; ``out`` (folder for results, and ``flower-failures.log``: the
     full text of every client failure); ``round-timeout`` (s, 0: wait for every client);
     ``node-wait`` (s to wait for a node of every partition to connect and answer, default 120);
-    ``progress``.
+    ``progress``; ``resume`` (continue the run in ``out``); ``client-state-dir`` (where the clients also
+    write their states, for resuming; "" : memory only).
     """
     cfg = experiment_from_settings(settings)
     out = Path(_setting(settings, "out", f"runs/{cfg.name}-{cfg.preset}-flower", str))
@@ -46,11 +51,16 @@ def serve(grid: Grid, settings) -> dict:
     progress = bool(_setting(settings, "progress", False, bool))
     nodes = NodeMap(cfg.data.num_clients)
     nodes.refresh(grid, timeout, wait=_setting(settings, "node-wait", 120.0, float))
-    header = settings_for(cfg, data_root)
+    header = {**settings_for(cfg, data_root), "client-state-dir": _setting(settings, "client-state-dir", "", str)}
 
     def train_on_flower(algo, stage_cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None):
         strategy = PflkitStrategy(algo, stage_cfg, fed, env, nodes, {**header, "seed": env.seed, "stage": label},
                                   timeout=timeout, desc=None if desc is None else f"{desc}, Flower", log_dir=out)
-        return strategy.run(grid, model)
+        return strategy.run(grid, model, checkpoint=checkpoint, resume=resume)
 
-    return run_experiment(cfg, out, data_root=data_root, progress=progress, train=train_on_flower, engine="flower")
+    return run_experiment(cfg, out, data_root=data_root, progress=progress, train=train_on_flower, engine="flower",
+                          resume=bool(_setting(settings, "resume", False, _flag)))
+
+
+def _flag(value) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes")

@@ -139,7 +139,7 @@ def ray_backend_config(client_cpus: float = 1, num_cpus: int | None = None) -> d
 def run_flower(cfg: ExperimentConfig, out, *, data_root=None, backend: str = "ray", client_cpus: float = 1,
                num_cpus: int | None = None, timeout: float | None = None, faults: dict | None = None,
                progress: bool = False, node_seed: int = 0, verbose: bool = False,
-               node_wait: float | None = None) -> dict:
+               node_wait: float | None = None, resume: bool = False, client_state_dir=None) -> dict:
     """Run ``cfg`` (every seed and stage) on Flower; writes ``out/results.json`` and returns the results.
 
     Args:
@@ -154,12 +154,16 @@ def run_flower(cfg: ExperimentConfig, out, *, data_root=None, backend: str = "ra
             1-based, ``*`` (every training round), ``val`` (every validation pass) or ``test``.
         node_seed: shuffles node ids and partitions of the in-process grid.
         node_wait: seconds to wait at start for a node of every client to answer (None: 120).
+        resume: continue the stopped run in ``out`` (as ``pflkit run --resume``).
+        client_state_dir: where the virtual clients also keep their states so that a resume finds
+            them (default ``out/client-states``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
     if client_cpus <= 0:
         raise ValueError(f"client_cpus={client_cpus!r}: must be > 0")
-    extra = {"round-timeout": float(timeout or 0.0), "progress": bool(progress)}
+    extra = {"round-timeout": float(timeout or 0.0), "progress": bool(progress), "resume": bool(resume),
+             "client-state-dir": str(Path(client_state_dir or Path(out) / "client-states").resolve())}
     if node_wait is not None:
         extra["node-wait"] = float(node_wait)
     settings = settings_for(cfg, data_root, out=str(Path(out)), **extra)

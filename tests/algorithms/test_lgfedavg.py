@@ -6,7 +6,8 @@ import pytest
 from pflkit.algorithms import ALGORITHMS
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import nbytes, run_rounds
+from pflkit.fl.engines import nbytes
+from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
 from tests.helpers_data import digits_dataset
 

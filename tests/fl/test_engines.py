@@ -210,7 +210,7 @@ def test_at_most_one_update_per_worker_is_in_flight(fed, monkeypatch):
                 now[0] -= 1
 
     monkeypatch.setattr(engines, "available_cpus", lambda: 2)
-    monkeypatch.setattr("pflkit.fl.loop.available_cpus", lambda: 2)
+    monkeypatch.setattr("pflkit.fl.transport.available_cpus", lambda: 2)
     res = _run(replace(algo, client_update=update), _config("fedavg"), fed, "threads")
     assert res.engine == "threads" and 1 <= peak[0] <= 2
 
@@ -260,7 +260,7 @@ def test_fallback_reasons_and_worker_counts():
 
 @pytest.mark.parametrize("cpus, used", [(1, "sequential"), (2, "threads")])
 def test_auto_in_the_loop_follows_the_cores(fed, monkeypatch, cpus, used):
-    monkeypatch.setattr("pflkit.fl.loop.available_cpus", lambda: cpus)
+    monkeypatch.setattr("pflkit.fl.transport.available_cpus", lambda: cpus)
     cfg = dataclasses.replace(_config("fedavg"), eval_every=0, keep_best=False)
     assert _run(ALGORITHMS["fedavg"], cfg, fed, "auto", test=False).engine == used
     one = dataclasses.replace(cfg, fraction=0.25)  # one client per round: nothing to overlap

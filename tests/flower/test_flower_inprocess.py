@@ -1,6 +1,8 @@
 """pflkit on Flower's message path (in-process grid, no Ray): same numbers as the loop, faults, bytes, nodes."""
 from __future__ import annotations
 
+import json
+import shutil
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from pflkit.fl.algorithm import Env
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
-from pflkit.flower.server_app import NodeMap
+from pflkit.flower.server_app import NodeMap, PflkitStrategy
 from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
@@ -101,8 +103,60 @@ def test_nodes_are_matched_to_partitions_whatever_their_ids():
         NodeMap(3).refresh(grid2)
 
 
-def test_cli_refuses_resume_with_flower(capsys):
-    from pflkit.cli import main
+class Stop(Exception):
+    """Stands for the server process being killed in the middle of a stage."""
 
-    assert main(["run", "demo", "--preset", "smoke", "--engine", "flower", "--resume"]) == 2
-    assert "--resume is not available" in capsys.readouterr().err
+
+def stop_fedselect_at_round_1(monkeypatch, cfg, out, **kw):
+    """A Flower run of ``cfg`` into ``out`` whose server stops before FedSelect's second round."""
+    real = PflkitStrategy.train
+
+    def killed(self, state, ids, round_index):
+        if self.header["stage"] == "FedSelect" and round_index == 1:
+            raise Stop
+        return real(self, state, ids, round_index)
+
+    with monkeypatch.context() as m:
+        m.setattr(PflkitStrategy, "train", killed)
+        with pytest.raises(Stop):
+            run_flower(cfg, out, backend="inprocess", **kw)
+
+
+def comparable(results: dict):
+    """results.json content less what differs between two runs of the same thing (times, versions, the
+    machine, which engine ran), floats to 6 significant digits."""
+    def walk(x):
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items() if k != "seconds"}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return float(f"{x:.6g}") if isinstance(x, float) else x
+
+    return walk({k: v for k, v in results.items() if k not in ("timing", "version", "environment", "engine")})
+
+
+def test_flower_writes_the_local_runs_results_and_a_stopped_flower_run_resumes_to_them(tmp_path, monkeypatch):
+    """FedSelect keeps a mask per client (a client state) and keep-best: a stop after its first round,
+    then ``resume``, gives the results.json of an uninterrupted run, which is the local loop's."""
+    cfg = experiment(methods=["FedSelect"])
+    run_experiment(cfg, tmp_path / "local", progress=False)
+    run_flower(cfg, tmp_path / "whole", backend="inprocess", node_seed=3)
+    local, whole = (json.loads((tmp_path / run / "results.json").read_text()) for run in ("local", "whole"))
+    assert comparable(whole) == comparable(local)
+    assert [r["round"] for r in whole["rounds"]["FedSelect"]["seed0"]] == [1, 2]
+    stop_fedselect_at_round_1(monkeypatch, cfg, tmp_path / "stopped", node_seed=3)
+    assert (tmp_path / "stopped" / "client-states").is_dir()  # the clients' masks as of round 1
+    run_flower(cfg, tmp_path / "stopped", backend="inprocess", node_seed=3, resume=True)
+    assert comparable(json.loads((tmp_path / "stopped" / "results.json").read_text())) == comparable(whole)
+
+
+def test_a_resumed_client_without_its_state_fails_instead_of_starting_afresh(tmp_path, monkeypatch):
+    cfg = experiment(methods=["FedSelect"])
+    stop_fedselect_at_round_1(monkeypatch, cfg, tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "client-states")  # nodes restarted without their state folder
+    resumed = run_flower(cfg, tmp_path / "run", backend="inprocess", resume=True)
+    (row,) = resumed["rounds"]["FedSelect"]["seed0"][1:]
+    lost = "has no state of stage 'FedSelect'"
+    assert row["val_failed"] and all(lost in r for r in row["val_failures"].values())
+    method = resumed["methods"]["FedSelect"]
+    assert method["status"] == "incomplete" and method["missing"] and all(lost in m["reason"] for m in method["missing"])

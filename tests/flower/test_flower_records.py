@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, RecordDict
 from pflkit.algorithms import ALGORITHMS
 from pflkit.experiments import list_experiments, resolve
 from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import nbytes
+from pflkit.fl.engines import nbytes
 from pflkit.flower.client_app import load_client_state, save_client_state
 from pflkit.flower.records import from_record, get, put, record_nbytes, tensors_in, to_record
 from pflkit.flower.runtime import experiment_to_raw
@@ -140,17 +140,31 @@ def test_put_and_get_share_a_recorddict_with_other_records():
 def test_client_state_versions_serve_keep_best():
     """The state as of the best round is the latest version <= it; older versions are dropped."""
     state = RecordDict()
-    save_client_state(state, "ns", 1, {"v": torch.tensor(1.0)}, best=0)
-    save_client_state(state, "ns", 3, {"v": torch.tensor(3.0)}, best=2)  # round 1 is the best so far's state
-    save_client_state(state, "ns", 5, {"v": torch.tensor(5.0)}, best=2)
+    save_client_state(state, "ns", 1, {"v": torch.tensor(1.0)}, keep_from=0)
+    save_client_state(state, "ns", 3, {"v": torch.tensor(3.0)}, keep_from=2)  # round 1 is the best so far's state
+    save_client_state(state, "ns", 5, {"v": torch.tensor(5.0)}, keep_from=2)
     assert float(load_client_state(state, "ns")["v"]) == 5.0
     assert float(load_client_state(state, "ns", at=2)["v"]) == 1.0
     assert float(load_client_state(state, "ns", at=4)["v"]) == 3.0
     assert load_client_state(state, "ns", at=0) is None
-    save_client_state(state, "ns", 7, {"v": torch.tensor(7.0)}, best=5)  # best moved: 1 and 3 are not needed
+    save_client_state(state, "ns", 7, {"v": torch.tensor(7.0)}, keep_from=5)  # best moved: 1 and 3 are not needed
     assert list(state["ns/cs-rounds"]["rounds"]) == [5, 7]
-    save_client_state(state, "ns", 8, None, best=-1)  # no keep-best: only the latest
+    save_client_state(state, "ns", 8, None, keep_from=-1)  # no keep-best: only the latest
     assert list(state["ns/cs-rounds"]["rounds"]) == [8] and load_client_state(state, "ns") is None
+
+
+def test_client_state_files_outlive_the_node_and_a_resumed_run_drops_the_stopped_runs_later_versions(tmp_path):
+    folder = tmp_path / "client3"
+    state = RecordDict()
+    for r in (1, 2, 3, 4):  # the last checkpoint was at round 2: versions after it are kept too
+        save_client_state(state, "ns", r, {"v": torch.tensor(float(r))}, keep_from=2, folder=folder)
+    assert sorted(f.name for f in folder.iterdir()) == ["cs@2.pt", "cs@3.pt", "cs@4.pt"]
+    restarted = RecordDict()  # a new run: the node's context is empty, its files are not
+    assert float(load_client_state(restarted, "ns", at=2, folder=folder)["v"]) == 2.0
+    assert load_client_state(restarted, "ns", at=2) is None  # without the folder nothing is left
+    save_client_state(restarted, "ns", 3, {"v": torch.tensor(30.0)}, keep_from=2, folder=folder)
+    assert sorted(f.name for f in folder.iterdir()) == ["cs@2.pt", "cs@3.pt"]  # the stopped run's round 4 went
+    assert float(load_client_state(RecordDict(), "ns", at=9, folder=folder)["v"]) == 30.0
 
 
 def test_every_experiment_survives_the_trip_through_run_settings():
