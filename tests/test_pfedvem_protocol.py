@@ -66,18 +66,18 @@ def _rounds(name, protocol, fed):
     env.seed_torch("init")
     state, client_states, out = algo.init(env.model_fn(), fed, cfg, env), {}, []
     for t in range(ROUNDS):
-        env.round = t
+        now = env.at_round(t)
         ids = sample_clients(fed.seen_ids, cfg, env, t)
         updates, changed = [], set()
         for cid in ids:
             before = client_states.get(cid)
-            env.seed_torch("client", cid, t)
-            upd, client_states[cid] = algo.client_update(algo.broadcast(state, cid, cfg, env), fed.clients[cid],
-                                                         before, cfg, env)
+            now.seed_torch("client", cid, t)
+            upd, client_states[cid] = algo.client_update(algo.broadcast(state, cid, cfg, now), fed.clients[cid],
+                                                         before, cfg, now)
             updates.append(upd)
             if client_states[cid] is not None and not _same(before, client_states[cid]):
                 changed.add(cid)
-        state = algo.aggregate(state, updates, cfg, env)
+        state = algo.aggregate(state, updates, cfg, now)
         out.append((set(ids), {u.client_id for u in updates if u.payload is not None}, changed, state))
     return out, env
 

@@ -117,8 +117,7 @@ for name, shape in list(state["spec"]["targets"].items()):
 # ## 2. One step of Alg. 1 by hand
 
 # %%
-env.round = 0
-cid = 0
+cid = 0  # the Env is in round 0; run_rounds hands each round's phases env.at_round(t)
 msg = algo.broadcast(state, cid, cfg, env)                       # theta_i = h(v_i; phi)
 update, _ = algo.client_update(msg, fed.clients[cid], None, cfg, env)  # K local steps -> delta theta
 new_state = algo.aggregate(state, [update], cfg, env)             # VJP through h, server SGD step

@@ -423,10 +423,10 @@ def fit_novel_embedding(state, client, client_state, cfg, env) -> tuple[dict, An
     local = {"state": client_state}
 
     def answer(theta, step):
-        env.round = step
-        env.seed_torch("client", client.id, step)
+        now = env.at_round(step)
+        now.seed_torch("client", client.id, step)
         msg = {"theta": {n[len(pre):]: t for n, t in theta.items()}, "width": width}
-        upd, local["state"] = client_update(msg, client, local["state"], cfg, env)
+        upd, local["state"] = client_update(msg, client, local["state"], cfg, now)
         return _prefixed(upd.payload["delta"], width)
 
     v, info = hn.fit_embedding(net, state["hnet"]["embeddings"][row], names, answer,

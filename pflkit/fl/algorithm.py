@@ -117,15 +117,19 @@ class Update:
 _TORCH_RNG = threading.RLock()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Env:
     """Run-time context handed to every phase: model factory, device, seeds, round.
 
-    ``model_fn()`` builds a fresh module of the experiment's architecture (random
-    init); phases load tensors into it. ``generator(*keys)`` gives a torch Generator
-    seeded from the run seed and the keys (e.g. ``("client", cid, round)``).
+    Immutable: `pflkit.fl.loop.run_rounds` hands each round's phases ``env.at_round(t)``,
+    a copy whose ``round`` is ``t`` (sharing the module cache), so no phase can change the
+    round another one sees. ``model_fn()`` builds a fresh module of the experiment's
+    architecture (random init); phases load tensors into it. ``generator(*keys)`` gives a
+    torch Generator seeded from the run seed and the keys (e.g. ``("client", cid, round)``).
     ``engine`` says how `run_rounds` runs a round's client updates (`pflkit.fl.engines`:
     ``"sequential"``, ``"threads"`` or ``"auto"``); it never changes the numbers.
+    ``kernels`` is the run's kernel backend (`pflkit.kernels`), entered by `run_rounds` for
+    its stage; None keeps whatever backend the caller is in.
 
     Thread safety (the ``threads`` engine): a client update may read the Env, draw from its
     own ``generator(...)``, use `scratch_model` / `cached` (each worker thread has its own
@@ -137,9 +141,13 @@ class Env:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 0
     round: int = 0
-    kernels: str = "auto"
+    kernels: str | None = None
     engine: str = "sequential"
     _scratch: dict = field(default_factory=dict, repr=False)
+
+    def at_round(self, round_: int) -> Env:
+        """This context in round ``round_`` (0-based), sharing the module cache."""
+        return dataclasses.replace(self, round=int(round_))
 
     def derive_seed(self, *keys) -> int:
         text = "/".join(str(k) for k in (self.seed,) + keys)

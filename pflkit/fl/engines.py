@@ -143,19 +143,14 @@ def intra_op_threads(n: int):
 
 
 def worker_envs(env: Env, n: int) -> list[Env]:
-    """``n`` views of ``env``, each with its own module cache, kept in ``env``'s cache across rounds.
+    """``n`` views of ``env`` (same round, kernels...), each with its own module cache.
 
-    Each worker thread trains in its own scratch modules (never more views than the most
-    workers a round has had); the views copy every other field of ``env`` (round, kernels...)
-    before each round.
+    Each worker thread trains in its own scratch modules; the caches are kept in ``env``'s
+    cache across rounds (never more of them than the most workers a round has had).
     """
-    views: list[Env] = env.cached("engine-workers", list)
-    views.extend(dataclasses.replace(env, _scratch={}) for _ in range(n - len(views)))
-    shared = [f.name for f in dataclasses.fields(env) if f.name != "_scratch"]
-    for view in views[:n]:
-        for name in shared:
-            setattr(view, name, getattr(env, name))
-    return views[:n]
+    caches: list[dict] = env.cached("engine-workers", list)
+    caches.extend({} for _ in range(n - len(caches)))
+    return [dataclasses.replace(env, _scratch=cache) for cache in caches[:n]]
 
 
 def run_threads(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env, *,

@@ -18,6 +18,7 @@ does not change them: the loop aggregates the updates in the order of the sample
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -37,6 +38,7 @@ from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged
 from pflkit.fl.transport import Evaluation, LocalTransport, RoundWork, Transport
 from pflkit.io import load_torch, save_torch
+from pflkit.kernels import use_backend
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +232,13 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     check_config(algo, cfg)
     check_engine(env.engine)
     transport = transport if transport is not None else LocalTransport()
+    with use_backend(env.kernels) if env.kernels else contextlib.nullcontext():  # the run's kernels, this stage only
+        return _stage(algo, cfg, fed, model, env, checkpoint, resume, test, desc, transport)
+
+
+def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Module, env: Env, checkpoint,
+           resume: bool, test: bool, desc: str | None, transport: Transport) -> StageResult:
+    """`run_rounds` once its arguments are checked, under the run's kernel backend."""
     used = set()
     why = fallback_reason(env.engine, device_type=torch.device(env.device).type, thread_unsafe=algo.thread_unsafe)
     if why and cfg.rounds > 0 and transport.name == "local":
@@ -254,19 +263,19 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     bar = tqdm(range(start, cfg.rounds), desc=desc, initial=start, total=cfg.rounds, disable=desc is None or None)
     try:
         for t in bar:
-            env.round = t
+            now = env.at_round(t)  # the round's context: phases read the round, none can change it
             tr = time.perf_counter()
             ids = sample_clients(fed.seen_ids, cfg, env, t)
-            work = transport.train(state, ids, t)
+            work = transport.train(state, ids, now)
             used.add(work.engine)
             if work.updates:
-                state = algo.aggregate(state, work.updates, cfg, env)
+                state = algo.aggregate(state, work.updates, cfg, now)
                 check_finite(state, "state", f"after the aggregation of round {t + 1}")
             else:
                 log.warning("%s round %d: no client answered; the state is unchanged", algo.name, t + 1)
             row, val = _round_row(t, ids, work), None
             if cfg.eval_every and ((t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds):
-                val, entries = _validation(transport.evaluate(state, val_ids, "val"))
+                val, entries = _validation(transport.evaluate(state, val_ids, "val", now))
                 row.update(entries)
             score = _score(cfg, val, work.updates)
             if cfg.keep_best and score is not None and (best is None or score > best[0]):  # never NaN
@@ -297,7 +306,8 @@ def run_rounds(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.
     try:
         check_finite(result.client_states, "client_states", "at the end of the stage")
         if test:
-            result.set_test(_test_metrics(transport.evaluate(state, range(fed.num_clients), "test", at_best)))
+            last = env.at_round(max(cfg.rounds - 1, 0))
+            result.set_test(_test_metrics(transport.evaluate(state, range(fed.num_clients), "test", last, at_best)))
     except Diverged as e:
         result.status, result.error = "diverged", str(e)
     result.seconds = time.perf_counter() - t0

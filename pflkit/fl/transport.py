@@ -4,11 +4,11 @@
 history row, validation schedule, keep-best, divergence, checkpoints, the test pass). A
 transport only carries the loop's messages to the clients and brings their answers back:
 
-``train(state, ids, round_index) -> RoundWork``
-    ``algo.broadcast`` for each sampled client, its ``client_update`` wherever that client
+``train(state, ids, env) -> RoundWork``
+    in the round of ``env`` (`Env.at_round`): ``algo.broadcast`` for each sampled client, its ``client_update`` wherever that client
     lives, the updates back in the order of ``ids`` (those that answered), the bytes that
     travelled and the clients that failed (id -> one-line reason).
-``evaluate(state, ids, split, at_best) -> Evaluation``
+``evaluate(state, ids, split, env, at_best) -> Evaluation``
     each client's metrics on ``split`` with the evaluation view of the state
     (`Algorithm.eval_view`), with the client states of the best round when ``at_best``.
 ``mark_best(round_)``
@@ -57,9 +57,9 @@ class Transport(Protocol):
 
     def open(self, algo: Algorithm, cfg, fed, env: Env) -> None: ...
 
-    def train(self, state, ids: list[int], round_index: int) -> RoundWork: ...
+    def train(self, state, ids: list[int], env: Env) -> RoundWork: ...
 
-    def evaluate(self, state, ids, split: str, at_best: bool = False) -> Evaluation: ...
+    def evaluate(self, state, ids, split: str, env: Env, at_best: bool = False) -> Evaluation: ...
 
     def mark_best(self, round_: int) -> None: ...
 
@@ -88,21 +88,21 @@ class LocalTransport:
         self.best_states: dict[int, Any] | None = None
 
     def open(self, algo: Algorithm, cfg, fed, env: Env) -> None:
-        self.algo, self.cfg, self.fed, self.env = algo, cfg, fed, env
+        self.algo, self.cfg, self.fed = algo, cfg, fed
         self.cpus = available_cpus()
 
-    def train(self, state, ids: list[int], round_index: int) -> RoundWork:
-        results, engine = train_clients(self.algo, state, ids, self.fed, self.states, self.cfg, self.env, self.cpus)
+    def train(self, state, ids: list[int], env: Env) -> RoundWork:
+        results, engine = train_clients(self.algo, state, ids, self.fed, self.states, self.cfg, env, self.cpus)
         updates = [upd for upd, _, _ in results]
         return RoundWork(updates, sum(d for _, _, d in results), sum(nbytes(u.payload) for u in updates), {}, engine)
 
-    def evaluate(self, state, ids, split: str, at_best: bool = False) -> Evaluation:
+    def evaluate(self, state, ids, split: str, env: Env, at_best: bool = False) -> Evaluation:
         states = self.best_states if at_best and self.best_states is not None else self.states
         out, down = {}, 0
         for cid in ids:
-            self.env.seed_torch("eval", cid, split)
+            env.seed_torch("eval", cid, split)
             out[cid], sent = evaluate_with_view(self.algo, state, self.fed.clients[cid], states.get(cid), cid,
-                                                self.cfg, self.env, split)
+                                                self.cfg, env, split)
             down += sent
         return Evaluation(out, {}, down)
 

@@ -214,11 +214,11 @@ def handle_train(msg: Message, context: Context, faults: dict | None = None) -> 
     ns, t = _ns(h), int(h["round"])
     message = receive(msg.content, context.state, ns, h)
     before = _client_state(context, h, pid, t)  # as of this round (a resumed run has later versions)
-    rt.env.round = t
-    rt.env.seed_torch("client", pid, t)
+    env = rt.env.at_round(t)
+    env.seed_torch("client", pid, t)
     try:
         with use_backend(rt.cfg.kernels):  # the run's kernel backend, for this call only
-            update, client_state = algo.client_update(message, rt.fed.clients[pid], before, cfg, rt.env)
+            update, client_state = algo.client_update(message, rt.fed.clients[pid], before, cfg, env)
     except Diverged as e:  # the run's outcome, not a node failure: the server stops the stage
         return _reply(msg, {"diverged": str(e)}, {})
     if client_state is not None:
@@ -234,11 +234,11 @@ def handle_evaluate(msg: Message, context: Context, faults: dict | None = None) 
     view = receive(msg.content, context.state, _ns(h), h)
     at = int(h["state-round"])
     client_state = _client_state(context, h, pid, at if at >= 0 else int(h["round"]) + 1)
-    rt.env.round = int(h["round"])
-    rt.env.seed_torch("eval", pid, h["split"])
+    env = rt.env.at_round(int(h["round"]))
+    env.seed_torch("eval", pid, h["split"])
     try:
         with use_backend(rt.cfg.kernels):
-            metrics = algo.evaluate_view(view, rt.fed.clients[pid], client_state, cfg, rt.env, h["split"])
+            metrics = algo.evaluate_view(view, rt.fed.clients[pid], client_state, cfg, env, h["split"])
     except Diverged as e:
         return _reply(msg, {"diverged": str(e)}, {})
     return _reply(msg, {"client-id": pid}, metrics)

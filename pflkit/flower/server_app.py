@@ -117,7 +117,8 @@ class PflkitStrategy(Strategy):
         if self.grid is not None:
             self.nodes.refresh(self.grid, self.timeout)
 
-    def train(self, state, ids: list[int], round_index: int) -> RoundWork:
+    def train(self, state, ids: list[int], env) -> RoundWork:
+        self.env, round_index = env, env.round  # the round's context, for the messages of this step
         self._state, self._ids = state, list(ids)
         if round_index == 0 and isinstance(state, dict):  # parts of the initial state are stable from the start
             for part in state.values():
@@ -125,7 +126,8 @@ class PflkitStrategy(Strategy):
         msgs = self.configure_train(round_index + 1, ArrayRecord(), ConfigRecord(), self.grid)
         return self._work(self.grid.send_and_receive(msgs, timeout=self.timeout), round_index + 1)
 
-    def evaluate(self, state, ids, split: str, at_best: bool = False) -> Evaluation:
+    def evaluate(self, state, ids, split: str, env, at_best: bool = False) -> Evaluation:
+        self.env = env
         self._state, self._ids, self._at_best = state, list(ids), at_best
         config = ConfigRecord({"split": split})
         msgs = self.configure_evaluate(self.env.round + 1, ArrayRecord(), config, self.grid)

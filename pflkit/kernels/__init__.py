@@ -6,7 +6,8 @@ Ops (signatures and math: `pflkit.kernels.reference`; kernels: one file per op):
 * `neumann_update`     Alg. 2 lines 3-4 over all tensors at once  (`neumann_triton.py`)
 * `layerwise_sgd_step` Eq. 10, per-tensor learning rates          (`sgd_triton.py`)
 
-Backend setting (module level; the config key and CLI flag ``kernels`` set it):
+Backend setting (per run: the config key and CLI flag ``kernels`` choose it, `pflkit.fl.loop.run_rounds`
+enters it from ``Env.kernels`` for the stage it runs):
 
 * ``"auto"`` (default): Triton for CUDA tensors when Triton imports and the op takes the
   inputs (e.g. not float64); the reference otherwise (CPU, MPS, Triton missing).
@@ -17,13 +18,16 @@ Backend setting (module level; the config key and CLI flag ``kernels`` set it):
   tests; the variable must be set before anything imports triton).
 * ``"reference"``: always the pure-PyTorch reference.
 
-The initial value comes from the environment variable ``PFLKIT_KERNELS``. Change it with
-`set_backend`, or temporarily with ``with use_backend("reference"): ...``. Importing this
+The setting lives in a context variable: ``with use_backend("reference"): ...`` holds for
+the block, in this thread and in the tasks it hands on with its context (the ``threads``
+engine does), and never leaks into the next run of a notebook. Outside any block the
+process default applies: ``PFLKIT_KERNELS`` at import, or `set_backend`. Importing this
 package does not import Triton; `is_available` really runs each Triton op once.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import logging
@@ -59,29 +63,30 @@ def _initial_backend() -> str:
     return value
 
 
-_backend = _initial_backend()
+_default = _initial_backend()
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar("pflkit_kernels", default=None)
 
 
 def set_backend(name: str) -> None:
-    """Select ``"auto"``, ``"triton"`` or ``"reference"`` for every later call."""
-    global _backend
-    _backend = validate_backend(name)
+    """Select the process default, ``"auto"``, ``"triton"`` or ``"reference"``, used outside `use_backend` blocks."""
+    global _default
+    _default = validate_backend(name)
 
 
 def get_backend() -> str:
     """The current setting (not the resolved implementation; see `resolve`)."""
-    return _backend
+    current = _current.get()
+    return _default if current is None else current
 
 
 @contextlib.contextmanager
 def use_backend(name: str):
-    """Context manager: the given backend inside the block, the previous one after it."""
-    previous = get_backend()
-    set_backend(name)
+    """Context manager: the given backend inside the block (this context only), the previous one after it."""
+    token = _current.set(validate_backend(name))
     try:
         yield
     finally:
-        set_backend(previous)
+        _current.reset(token)
 
 
 def triton_importable() -> bool:
@@ -101,9 +106,9 @@ def _device_reason(device: torch.device | None) -> str | None:
     if device is None:
         return "no tensors"
     # the interpreter runs CPU tensors for "triton"; "auto" never picks that slow path
-    runnable = device.type == "cuda" or (device.type == "cpu" and _backend == "triton" and interpreter_enabled())
+    runnable = device.type == "cuda" or (device.type == "cpu" and get_backend() == "triton" and interpreter_enabled())
     if not runnable:
-        if _backend == "auto":
+        if get_backend() == "auto":
             return f"{device.type} tensors (auto uses Triton for CUDA tensors only)"
         return f"{device.type} tensors need CUDA (or TRITON_INTERPRET=1 for CPU tensors)"
     if not triton_importable():
@@ -113,7 +118,7 @@ def _device_reason(device: torch.device | None) -> str | None:
 
 def _pick(op: str, device: torch.device | None, args: tuple):
     """The module implementing ``op`` for these arguments under the current setting."""
-    if _backend == "reference":
+    if get_backend() == "reference":
         return reference
     reason = _device_reason(device)
     module = None
@@ -122,7 +127,7 @@ def _pick(op: str, device: torch.device | None, args: tuple):
         reason = module.unsupported_reason(*args)
     if reason is None:
         return module
-    if _backend == "triton":
+    if get_backend() == "triton":
         raise RuntimeError(f"kernels backend 'triton': {op} cannot run with Triton: {reason}")
     _log_fallback(op, reason)
     return reference
@@ -142,10 +147,10 @@ def resolve(op: str, device: torch.device | str | None = None) -> str:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {sorted(OPS)}")
     device = torch.device(device) if device is not None else None
-    if _backend == "reference":
+    if get_backend() == "reference":
         return "reference"
     reason = _device_reason(device)
-    if reason is not None and _backend == "triton":
+    if reason is not None and get_backend() == "triton":
         raise RuntimeError(f"kernels backend 'triton': {op} cannot run with Triton: {reason}")
     return "reference" if reason else "triton"
 
@@ -162,7 +167,7 @@ def mixed_batch_norm(x: torch.Tensor, pt_mean: torch.Tensor, pt_var: torch.Tenso
                      beta: float | torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                      training: bool, momentum: float = 0.1, eps: float = 1e-5, mode: str = "mixed") -> torch.Tensor:
     """Beta-mixed batch norm (FedL2P Eq. 1-2); see `reference.mixed_batch_norm`."""
-    if _backend == "reference":
+    if get_backend() == "reference":
         return reference.mixed_batch_norm(x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias,
                                           training, momentum, eps, mode)
     impl = _pick("mixed_batch_norm", x.device, (x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias))

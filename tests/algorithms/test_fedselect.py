@@ -229,10 +229,10 @@ def test_rounds_schedule_grows_the_personal_mask_by_p_of_the_rest_up_to_the_targ
     total = sum(p.numel() for n, p in model.named_parameters() if n in names)
     state, client_state, previous = FEDSELECT.init(model, fed, cfg, env), None, None
     for r, want in enumerate((0.5, 0.75, 0.8)):
-        env.round = r
-        upd, client_state = FEDSELECT.client_update(FEDSELECT.broadcast(state, 0, cfg, env), fed.clients[0],
-                                                    client_state, cfg, env)
-        state = FEDSELECT.aggregate(state, [upd], cfg, env)
+        now = env.at_round(r)
+        upd, client_state = FEDSELECT.client_update(FEDSELECT.broadcast(state, 0, cfg, now), fed.clients[0],
+                                                    client_state, cfg, now)
+        state = FEDSELECT.aggregate(state, [upd], cfg, now)
         personal = {n: ~t for n, t in client_state["travel"].items()}
         assert sum(int(personal[n].sum()) for n in names) / total == pytest.approx(want, abs=1e-3)
         assert not any(personal[n].any() for n in personal if n not in names)  # biases, BN stay shared

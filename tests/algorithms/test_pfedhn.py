@@ -101,8 +101,7 @@ def test_one_local_step_gives_the_plain_chain_rule_gradient(fed):
     cfg = _plain(local_steps=1, lr=eta, server_lr=alpha, batch_size=64)
     client = fed.clients[cid]
     assert client.num("train") < 64  # the one batch is the whole train split
-    state = PFEDHN.init(_model(env), fed, cfg, env)
-    env.round = 0
+    state = PFEDHN.init(_model(env), fed, cfg, env)  # a fresh Env is in round 0
     upd, _ = PFEDHN.client_update(PFEDHN.broadcast(state, cid, cfg, env), client, None, cfg, env)
     new = PFEDHN.aggregate(state, [upd], cfg, env)
     net, target = _net(state), env.model_fn()

@@ -272,10 +272,11 @@ def test_worker_views_have_their_own_caches_and_follow_the_env():
     views = engines.worker_envs(env, 2)
     assert [v.round for v in views] == [3, 3] and views[0]._scratch is not views[1]._scratch
     assert views[0].scratch_model() is not views[1].scratch_model() is not env.scratch_model()
-    env.round = 4
-    again = engines.worker_envs(env, 3)
-    assert all(a is b for a, b in zip(again, views)) and [v.round for v in again] == [4, 4, 4]
-    assert engines.worker_envs(env, 1)[0] is views[0]
+    again = engines.worker_envs(env.at_round(4), 3)  # the next round: the same caches, the new round
+    assert all(a._scratch is b._scratch for a, b in zip(again, views)) and [v.round for v in again] == [4, 4, 4]
+    assert engines.worker_envs(env, 1)[0]._scratch is views[0]._scratch
+    with pytest.raises(dataclasses.FrozenInstanceError):  # no phase can move the round under another
+        env.round = 5
 
 
 def test_a_batch_worker_gets_its_share_of_the_cores(monkeypatch):

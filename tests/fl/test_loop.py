@@ -51,7 +51,6 @@ def test_one_round_is_the_weighted_average_of_client_models(fed):
     w0 = {k: v.clone() for k, v in start.state_dict().items()}
     states, sizes = [], []
     for cid in ids:
-        env.round = 0
         env.seed_torch("client", cid, 0)
         upd, _ = FEDAVG.client_update(w0, fed.clients[cid], None, cfg, env)
         states.append(upd.payload)
@@ -116,3 +115,29 @@ def test_keep_best_restores_the_best_validation_state(fed):
     res = run_rounds(FEDAVG, _cfg(rounds=4, eval_every=1, keep_best=True), fed, _model(env), env)
     vals = [h["val_acc"] for h in res.history]
     assert res.best_round == 1 + max(range(len(vals)), key=lambda i: (vals[i], -i))
+
+
+@pytest.mark.parametrize("engine", ["sequential", "threads"])
+def test_each_stage_runs_under_its_envs_kernel_backend_and_leaves_the_callers_alone(fed, engine):
+    """The backend is the run's (Env.kernels), seen by client updates in worker threads too; it never leaks."""
+    import dataclasses
+
+    from pflkit import kernels
+
+    seen = []
+
+    def spy(msg, client, client_state, cfg, env):
+        seen.append((kernels.get_backend(), env.round))
+        return FEDAVG.client_update(msg, client, client_state, cfg, env)
+
+    algo = replace(FEDAVG, client_update=spy)
+    env = dataclasses.replace(digits_env(), kernels="reference", engine=engine)
+    with kernels.use_backend("auto"):
+        run_rounds(algo, _cfg(rounds=2, eval_every=0), fed, _model(env), env, test=False)
+        assert kernels.get_backend() == "auto"
+        assert {b for b, _ in seen} == {"reference"} and sorted({t for _, t in seen}) == [0, 1]
+        assert env.round == 0  # the caller's context is not moved by the loop
+        seen.clear()
+        run_rounds(algo, _cfg(rounds=1, eval_every=0), fed, _model(env),
+                   dataclasses.replace(env, kernels=None), test=False)
+        assert {b for b, _ in seen} == {"auto"}  # no backend of its own: the caller's

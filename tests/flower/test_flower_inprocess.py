@@ -77,12 +77,12 @@ def test_failing_and_slow_clients_are_left_out_and_the_rounds_complete(tmp_path)
     env = make_env(cfg, fed, 0)
     state = algo.init(initial_model(env), fed, stage, env)
     for t, ids in enumerate([[0, 3], [0, 1, 2, 3]]):
-        env.round, updates = t, []
+        now, updates = env.at_round(t), []
         for cid in ids:
-            env.seed_torch("client", cid, t)
-            updates.append(algo.client_update(algo.broadcast(state, cid, stage, env), fed.clients[cid], None,
-                                              stage, env)[0])
-        state = algo.aggregate(state, updates, stage, env)
+            now.seed_torch("client", cid, t)
+            updates.append(algo.client_update(algo.broadcast(state, cid, stage, now), fed.clients[cid], None,
+                                              stage, now)[0])
+        state = algo.aggregate(state, updates, stage, now)
     got = load_torch(tmp_path / "seed0" / "fedavg.weights.pt")
     for k, v in state["weights"].items():
         torch.testing.assert_close(got[k], v, rtol=0, atol=1e-6)
@@ -111,10 +111,10 @@ def stop_fedselect_at_round_1(monkeypatch, cfg, out, **kw):
     """A Flower run of ``cfg`` into ``out`` whose server stops before FedSelect's second round."""
     real = PflkitStrategy.train
 
-    def killed(self, state, ids, round_index):
-        if self.header["stage"] == "FedSelect" and round_index == 1:
+    def killed(self, state, ids, env):
+        if self.header["stage"] == "FedSelect" and env.round == 1:
             raise Stop
-        return real(self, state, ids, round_index)
+        return real(self, state, ids, env)
 
     with monkeypatch.context() as m:
         m.setattr(PflkitStrategy, "train", killed)

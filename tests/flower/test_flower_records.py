@@ -75,12 +75,12 @@ def test_every_message_payload_and_state_of_two_rounds_comes_back_identical(fed,
     same(state, roundtrip(state))
     client_states = {}
     for t in range(2):
-        env.round, updates = t, []
+        now, updates = env.at_round(t), []
         for cid in (0, 1):
-            msg = algo.broadcast(state, cid, cfg, env)
+            msg = algo.broadcast(state, cid, cfg, now)
             back = roundtrip(msg)
             same(msg, back)
-            upd, client_states[cid] = algo.client_update(back, fed.clients[cid], client_states.get(cid), cfg, env)
+            upd, client_states[cid] = algo.client_update(back, fed.clients[cid], client_states.get(cid), cfg, now)
             same(upd.payload, roundtrip(upd.payload))
             same(client_states[cid], roundtrip(client_states[cid]))
             updates.append(upd)
