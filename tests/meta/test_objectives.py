@@ -1,31 +1,19 @@
-"""One FedL2P client (pflkit.meta.learner): L_T through the last fine-tuning step (Eq. 9-10),
-the client's BN statistics before fine-tuning, and the meta schedule (Alg. 1 lines 8-11)."""
-import sys
-from dataclasses import replace as dc_replace
-from pathlib import Path
-
-import numpy as np
+"""FedL2P's outer losses (pflkit.meta.objectives): L_T through the last fine-tuning step
+(Eq. 9-10) against dense computations, FOMAML+ (App. F), and the step on lambda (Alg. 1 line 10)."""
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers_data import digits_dataset, digits_env  # noqa: E402
-
-from pflkit.algorithms.fedl2p import FEDL2P  # noqa: E402
-from pflkit.fl.federation import Client  # noqa: E402
-from pflkit.fl.train import get_state  # noqa: E402
-from pflkit.meta import learner  # noqa: E402
-from pflkit.meta.functional import finetune, forward, model_tensors, validation_loss  # noqa: E402
-from pflkit.meta.hypergrad import fomaml_plus, ift_hypergrad  # noqa: E402
-from pflkit.meta.linear_solve import neumann  # noqa: E402
-from pflkit.models.mixed_bn import convert_bn, mixed_bn_layers, reset_client_stats  # noqa: E402
+from pflkit.meta import objectives
+from pflkit.meta.functional import finetune, forward, model_tensors, validation_loss
+from pflkit.meta.hypergrad import fomaml_plus, ift_hypergrad
+from pflkit.meta.linear_solve import neumann
+from pflkit.models.mixed_bn import convert_bn, reset_client_stats
 
 D = torch.float64
 PSI, Q = 0.1, 3
 
 
-# ------------------------------------------------------------------ L_T and FOMAML+ on a tiny net
 
 class Tiny(nn.Module):
     def __init__(self):
@@ -73,8 +61,8 @@ def _unflat(v, like):
 
 
 def _losses(t, lt_mode):
-    return learner.meta_losses(t["model"], t["names"], lambda lm: (lm[0], lm[1]), t["buffers"], t["val_b"],
-                               lt_mode=lt_mode, loss_b=t["loss_b"], step_b=t["fresh_b"], grads=t["last"]["grads"])
+    return objectives.meta_losses(t["model"], t["names"], lambda lm: (lm[0], lm[1]), t["buffers"], t["val_b"],
+                                  lt_mode=lt_mode, loss_b=t["loss_b"], step_b=t["fresh_b"], grads=t["last"]["grads"])
 
 
 def _val_grads(t, theta):
@@ -174,112 +162,17 @@ def test_fomaml_plus_differentiates_through_the_last_fine_tuning_step(tuned):
         assert float(got_eta[k]) == pytest.approx((vals[0] - vals[1]) / (2 * h), rel=1e-6)
 
 
-# ------------------------------------------------------------------ a real client
+# ------------------------------------------------------------------ the step on lambda
 
-SMALL = {"rounds": 1, "fraction": 0.5, "epochs": 1, "meta_iters": 1, "lr": 0.05}
-
-
-def _client(n_train=100, n_val=70):
-    ds = digits_dataset(400)
-    splits = {"train": np.arange(n_train), "val": np.arange(n_train, n_train + n_val),
-              "test": np.arange(300, 330)}
-    return Client(0, ds.x_train, ds.y_train, splits, ds.meta)
-
-
-@pytest.fixture
-def env():
-    return digits_env(seed=3)
-
-
-@pytest.fixture
-def weights(env):
-    env.seed_torch("pretrained")
-    return get_state(env.model_fn())
-
-
-@pytest.mark.parametrize("how", ["reset", "pass"])
-def test_client_statistics_before_fine_tuning(env, weights, how):
-    cfg = FEDL2P.make_config({**SMALL, "client_stats_init": how})
-    ctx = learner.prepare_client(weights, _client(), cfg, env)
-    layers = mixed_bn_layers(ctx.model)
-    names = {id(m): n for n, m in ctx.model.named_modules()}
-    assert layers and len(ctx.stats.bn_stats) == len(layers)
-    for layer, (mean, var) in zip(layers, ctx.stats.bn_stats):
-        pre = names[id(layer)]
-        got_mean, got_var = ctx.buffers[f"{pre}.client_mean"], ctx.buffers[f"{pre}.client_var"]
-        if how == "reset":  # the authors' code: mean 0, variance 1, exactly
-            assert torch.equal(got_mean, torch.zeros_like(got_mean)) and torch.equal(got_var, torch.ones_like(got_var))
-            assert torch.equal(layer.client_mean, got_mean) and torch.equal(layer.client_var, got_var)
-        else:  # the earlier reading: the moments of the pass over the train split
-            assert torch.equal(got_mean, mean) and torch.equal(got_var, var)
-            assert not torch.equal(got_mean, torch.zeros_like(got_mean))
-        assert torch.equal(ctx.buffers[f"{pre}.running_mean"], weights[f"{pre}.running_mean"])
-
-
-def test_bnnet_input_comes_from_the_pass_in_both_modes(env, weights):
-    xi = [learner.prepare_client(weights, _client(), FEDL2P.make_config({**SMALL, "client_stats_init": h}), env)
-          .stats.xi for h in ("reset", "pass")]
-    assert torch.equal(xi[0], xi[1]) and (xi[0] > 0).all()
-
-
-@pytest.mark.parametrize("lt_mode, extra", [("last_step", 1), ("lookahead", 2)])
-def test_batches_drawn_by_a_meta_step(env, weights, lt_mode, extra):
-    """The default L_T takes no extra step: beyond the e epochs only its loss batch is drawn."""
-    cfg = FEDL2P.make_config({**SMALL, "epochs": 2, "lt_mode": lt_mode})
-    client = dc_replace(_client())
-    calls = {"epochs": 0, "random": []}
-    batches, random_batch = client.batches, client.random_batch
-
-    def count_batches(split, *a, **k):
-        calls["epochs"] += split == "train"
-        return batches(split, *a, **k)
-
-    def count_random(split, *a, **k):
-        calls["random"].append(split)
-        return random_batch(split, *a, **k)
-
-    client.batches, client.random_batch = count_batches, count_random
-    ctx = learner.prepare_client(weights, client, cfg, env)
-    lam = FEDL2P.init(env.model_fn(), None, cfg, env)["lam"]
-    val_b = client.tensors("val")
-    calls["epochs"] = 0  # (the statistics passes of prepare_client)
-    new, row = learner.meta_step(ctx, lam, cfg, torch.Generator().manual_seed(0), val_batch=val_b)
-    assert calls["epochs"] == 2 and calls["random"] == ["train"] * extra
-    assert any(not torch.equal(new[k], lam[k]) for k in lam) and np.isfinite(row["val_loss"])
-
-
-def test_meta_schedule_passes_over_the_validation_split(env, weights, monkeypatch):
-    """|V| = 70, 3 passes in batches of 32: 3 * ceil(70 / 32) = 9 meta steps of 32, 32, 6 samples."""
-    client = _client(n_val=70)
-    cfg = FEDL2P.make_config({**SMALL, "meta_iters": 3})
-    assert (cfg.meta_schedule, cfg.val_batch_size) == ("passes", 32)
-    sizes, seen = [], []
-    for xb, yb in learner.val_schedule(client, cfg, torch.Generator().manual_seed(0), None):
-        sizes.append(len(yb))
-        seen.append(xb.reshape(len(yb), -1))
-    assert sizes == [32, 32, 6] * 3 and learner.num_meta_steps(client, cfg) == 9
-    full = client.tensors("val")[0].reshape(70, -1)
-    for k in range(3):  # every pass is a permutation of the validation split
-        rows = torch.cat(seen[3 * k:3 * k + 3])
-        assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, full.tolist()))
-    assert not torch.equal(torch.cat(seen[:3]), full)  # shuffled
-
-    got = []
-
-    def fake_step(ctx, lam, cfg, gen, where="FedL2P", val_batch=None):
-        got.append(None if val_batch is None else len(val_batch[1]))
-        return lam, {"loss": 0.0, "val_loss": 0.0}
-
-    monkeypatch.setattr(learner, "meta_step", fake_step)
-    ctx = learner.prepare_client(weights, client, cfg, env)
-    lam = FEDL2P.init(env.model_fn(), None, cfg, env)["lam"]
-    learner.meta_learn(ctx, lam, cfg, env)
-    assert got == [32, 32, 6] * 3
-    got.clear()
-    steps = FEDL2P.make_config({**SMALL, "meta_iters": 3, "meta_schedule": "steps", "val_batch_size": 0})
-    learner.meta_learn(ctx, lam, steps, env)
-    assert got == [None] * 3 and learner.num_meta_steps(client, steps) == 3
-    whole = FEDL2P.make_config({**SMALL, "meta_iters": 2, "val_batch_size": 0})
-    got.clear()
-    learner.meta_learn(ctx, lam, whole, env)
-    assert got == [70, 70]
+def test_lambda_step_clips_then_steps_each_group_with_its_rate():
+    """Alg. 1 line 10 by hand: zeta = (w_bn, w_lr, eta_tilde) rates, gradients clipped by value first."""
+    lam = {"bnnet.w": torch.tensor([1.0, 2.0]), "lrnet.w": torch.tensor([0.5]),
+           "eta_tilde": torch.tensor([0.1, 0.2, 0.3], requires_grad=True)}
+    grads = [torch.tensor([3.0, -0.5]), torch.tensor([-2.0]), torch.tensor([0.4, -0.4, 10.0])]
+    new = objectives.lambda_step(lam, grads, (0.1, 0.01, 0.001), clip=1.0)
+    torch.testing.assert_close(new["bnnet.w"], torch.tensor([1.0 - 0.1 * 1.0, 2.0 + 0.1 * 0.5]))
+    torch.testing.assert_close(new["lrnet.w"], torch.tensor([0.5 + 0.01 * 1.0]))
+    torch.testing.assert_close(new["eta_tilde"], torch.tensor([0.1 - 0.0004, 0.2 + 0.0004, 0.3 - 0.001]))
+    assert list(new) == list(lam) and not new["eta_tilde"].requires_grad
+    unclipped = objectives.lambda_step(lam, grads, (0.1, 0.01, 0.001), clip=0.0)
+    torch.testing.assert_close(unclipped["bnnet.w"], torch.tensor([1.0 - 0.3, 2.0 + 0.05]))
