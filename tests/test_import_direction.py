@@ -18,6 +18,8 @@ ABOVE_ALGORITHMS = ("pflkit.experiments", "pflkit.runner", "pflkit.report", "pfl
 
 # package (or module) prefix -> prefixes it must not import
 FORBIDDEN = {
+    "pflkit.errors": ("pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta", "pflkit.algorithms",
+                      "pflkit.config", "pflkit.io", *ABOVE_ALGORITHMS),
     "pflkit.data": ("pflkit.fl", "pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.models": ("pflkit.fl", "pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.fl": ("pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
