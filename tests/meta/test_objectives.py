@@ -2,37 +2,21 @@
 (Eq. 9-10) against dense computations, FOMAML+ (App. F), and the step on lambda (Alg. 1 line 10)."""
 import pytest
 import torch
-from torch import nn
 
 from pflkit.meta import objectives
 from pflkit.meta.functional import finetune, forward, model_tensors, validation_loss
 from pflkit.meta.hypergrad import fomaml_plus, ift_hypergrad
 from pflkit.meta.linear_solve import neumann
-from pflkit.models.mixed_bn import convert_bn, reset_client_stats
+from pflkit.models.mixed_bn import reset_client_stats
 
 D = torch.float64
 PSI, Q = 0.1, 3
 
 
-
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.bn, self.fc2 = nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.fc2(torch.tanh(self.bn(self.fc1(x))))
-
-
 @pytest.fixture(scope="module")
-def tuned():
+def tuned(tiny_bn_net):
     """A fine-tuned tiny net (3 steps, per-tensor eta, beta = 0.6) with its last step kept."""
-    torch.manual_seed(0)
-    model = Tiny().double()
-    with torch.no_grad():
-        model.bn.running_mean.copy_(torch.tensor([0.3, -0.2, 0.1, 0.5]))
-        model.bn.running_var.copy_(torch.tensor([0.8, 1.5, 0.6, 1.2]))
-    convert_bn(model)
+    model = tiny_bn_net()
     reset_client_stats(model)
     g = torch.Generator().manual_seed(1)
     x, xv = torch.randn(32, 3, generator=g, dtype=D) + 0.4, torch.randn(12, 3, generator=g, dtype=D) + 0.4
