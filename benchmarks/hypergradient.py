@@ -3,7 +3,7 @@
 All three are computed in one process on the same model and the same batches:
 
 * IFT: `pflkit.meta.hypergrad.ift_hypergrad` exactly as a FedL2P client calls it (Alg. 2, Q = 3
-  Neumann steps, psi = 0.1, the losses of `pflkit.meta.learner.meta_losses`): ``L_T`` of
+  Neumann steps, psi = 0.1, the losses of `pflkit.meta.objectives.meta_losses`): ``L_T`` of
   Eq. 9-10 through the last fine-tuning step (``--lt-mode last_step``, the default: that step's
   gradient on the first batch, the loss on the second, evaluation mode) or with an extra
   look-ahead step (``--lt-mode lookahead``: a step batch and a loss batch, training mode),
@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_flatten
 from pflkit.meta.functional import forward, model_tensors
 from pflkit.meta.conv_hvp import cheap_conv_double_backward
 from pflkit.meta.hypergrad import fo_maml_metagrad, hf_maml_metagrad, ift_hypergrad
-from pflkit.meta.learner import LT_MODES, meta_losses
+from pflkit.meta.objectives import LT_MODES, meta_losses
 from pflkit.meta.linear_solve import neumann
 from pflkit.meta.metanets import MetaSpec, init_meta_params, meta_hyperparams
 from pflkit.models import build_model

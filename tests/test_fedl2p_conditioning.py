@@ -106,8 +106,8 @@ def test_fedl2p_config_carries_hidden_gain_to_the_meta_nets():
     import pytest
 
     from pflkit.algorithms import get_algorithm
+    from pflkit.algorithms.fedl2p_client import model_spec
     from pflkit.config import ConfigError
-    from pflkit.meta.learner import model_spec
     from pflkit.models import build_model
 
     algo = get_algorithm("fedl2p")

@@ -1,4 +1,4 @@
-"""Imports run one way: data / models -> fl -> meta -> algorithms -> runner -> report / analysis.
+"""Imports run one way: data / models -> fl, meta -> algorithms -> runner -> report / analysis.
 
 Every ``import`` of a pflkit module anywhere in a file (function-level imports included) is read
 from the source with `ast`, so a lazy import cannot hide a crossed wire. ``PENDING`` lists the
@@ -18,10 +18,13 @@ ABOVE_ALGORITHMS = ("pflkit.experiments", "pflkit.runner", "pflkit.report", "pfl
 
 # package (or module) prefix -> prefixes it must not import
 FORBIDDEN = {
+    "pflkit.errors": ("pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta", "pflkit.algorithms",
+                      "pflkit.config", "pflkit.io", *ABOVE_ALGORITHMS),
     "pflkit.data": ("pflkit.fl", "pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.models": ("pflkit.fl", "pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.fl": ("pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
-    "pflkit.meta": ("pflkit.algorithms", *ABOVE_ALGORITHMS),
+    # generic meta-learning math: no federation, no client (FedL2P's client side is pflkit.algorithms.fedl2p_client)
+    "pflkit.meta": ("pflkit.fl", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.algorithms": ABOVE_ALGORITHMS,
     "pflkit.analysis": TRAINING,
     "pflkit.report": TRAINING,

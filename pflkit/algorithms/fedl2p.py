@@ -27,11 +27,12 @@ Variants (Tables 2-5, 8), each a config subclass with different defaults:
 * ``FEDL2P_BNNET``: BNNet only, eta = lr for every tensor (Table 5);
 * ``FEDL2P_LRNET_BETA1`` / ``FEDL2P_LRNET_BETA0``: LRNet only with beta fixed to 1 / 0.
 
-The readings we chose where the paper is ambiguous are written in `pflkit.meta.learner`
-(where the IFT is applied, L_T, the meta schedule, the client statistics),
-`pflkit.meta.functional` (how beta's gradient flows), `pflkit.meta.metanets` (one eta per
-tensor) and `pflkit.meta.linear_solve` (Alg. 2's missing factor psi: ``neumann_scaled=False``
-follows the paper and the authors' code).
+One client's side (meta-learning lambda, personalizing) is `pflkit.algorithms.fedl2p_client`.
+The readings we chose where the paper is ambiguous are written in `pflkit.meta.objectives`
+(where the IFT is applied, L_T), `pflkit.algorithms.fedl2p_client` (the meta schedule, the
+client statistics), `pflkit.meta.functional` (how beta's gradient flows),
+`pflkit.meta.metanets` (one eta per tensor) and `pflkit.meta.linear_solve` (Alg. 2's missing
+factor psi: ``neumann_scaled=False`` follows the paper and the authors' code).
 """
 from __future__ import annotations
 
@@ -39,14 +40,15 @@ from dataclasses import dataclass
 
 import torch
 
+from pflkit.algorithms.fedl2p_client import (
+    META_SCHEDULES, hyperparams, meta_learn, model_spec, personalize, prepare_client, sparsity, summary,
+)
 from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.train import evaluate_model, get_state
-from pflkit.meta.learner import (
-    LT_MODES, META_SCHEDULES, hyperparams, meta_learn, model_spec, personalize, prepare_client, sparsity,
-)
 from pflkit.meta.metanets import init_meta_params
+from pflkit.meta.objectives import LT_MODES
 from pflkit.models.introspect import bn_modules
 from pflkit.models.mixed_bn import CLIENT_STATS_INIT
 
@@ -77,7 +79,7 @@ class FedL2PConfig(FLConfig):
             the whole validation split (one step per pass, or per step with ``"steps"``).
             Under ``"steps"`` a size > 0 draws one random batch per step. The earlier
             pflkit default is ``meta_schedule="steps"`` with ``val_batch_size=0``.
-        lt_mode: the training loss L_T of Eq. 9-10 (`pflkit.meta.learner`):
+        lt_mode: the training loss L_T of Eq. 9-10 (`pflkit.meta.objectives`):
             ``"last_step"`` (default, the authors' code): through the last fine-tuning
             step, cross-entropy in evaluation mode on one fresh training batch;
             ``"lookahead"``: an extra step on a fresh step batch, training mode.
@@ -238,10 +240,7 @@ def _lam_for(state, client_state) -> dict:
 def evaluate(state, client, client_state, cfg, env, split):
     """Personalize theta_g with the client's beta and eta, then test on ``split``."""
     model, ctx, beta, eta = personalize(state["weights"], _lam_for(state, client_state), client, cfg, env)
-    metrics = evaluate_model(model, client, split, device=env.device)
-    metrics["beta_mean"] = float(beta.mean()) if isinstance(beta, torch.Tensor) else float(beta or 0.0)
-    metrics["sparsity"] = sparsity(ctx, eta)
-    return metrics
+    return {**evaluate_model(model, client, split, device=env.device), **summary(ctx, beta, eta)}
 
 
 def l2p_client_update(msg, client, client_state, cfg, env):

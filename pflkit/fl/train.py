@@ -14,11 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pflkit.errors import Diverged
 from pflkit.fl.federation import Client
-
-
-class Diverged(RuntimeError):
-    """A loss became NaN or infinite; the run is marked ``diverged``."""
 
 
 def get_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from pflkit.models.introspect import bn_modules, layer_input_modules
-from pflkit.models.mixed_bn import MixedBatchNorm, init_client_stats, mixed_bn_layers, set_bn_mode
+from pflkit.models.mixed_bn import MixedBatchNorm, init_client_stats, mixed_bn_layers, pretrained_pass
 
 __all__ = ["symmetric_kl", "bn_divergence", "pretrained_bn_stats", "layer_input_stats", "ClientStats",
            "client_stats"]
@@ -106,22 +106,7 @@ def layer_input_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> torc
             sums[k][2] += x.numel()
         return hook
 
-    mixed = mixed_bn_layers(model)
-    saved = [(layer.mode, layer.beta) for layer in mixed]
-    was_training = model.training
-    if mixed:
-        set_bn_mode(model, "global")
-    model.eval()
-    handles = [layer.register_forward_hook(hook_for(k)) for k, layer in enumerate(layers)]
-    try:
-        for x in batches:
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-        for layer, (mode, beta) in zip(mixed, saved):
-            layer.mode, layer.beta = mode, beta
-        model.train(was_training)
+    pretrained_pass(model, batches, layers, hook_for)
     out = []
     for k, (s, ss, n) in enumerate(sums):
         if n == 0:

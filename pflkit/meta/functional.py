@@ -11,7 +11,7 @@ mixing weight per `MixedBatchNorm` layer (Eq. 2).
   it can hand back its last step (weights before it, batch, gradient) for L_T.
 * `lookahead_loss`: the training loss of Eq. 9-10, explicit in eta through one step
   ``theta' = theta - eta * g``: ``g`` either the gradient of a step batch at theta or a
-  given constant (the last fine-tuning step's, `pflkit.meta.learner`'s default), the
+  given constant (the last fine-tuning step's, `pflkit.meta.objectives`' default), the
   outer forward pass in training or evaluation mode.
 * `validation_loss`: L_V of sec. 3.3, explicit in beta through the BN layers.
 
@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pflkit import kernels
-from pflkit.fl.train import Diverged
+from pflkit.errors import Diverged
 from pflkit.models.mixed_bn import mixed_bn_layers, set_bn_mode
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def finetune(model: nn.Module, params: Params, buffers: Params, batches: Iterabl
         eta: (P,) learning rates.
         beta: BN mixing weights (see `using_beta`).
         skip_nonfinite: skip a batch whose loss is NaN/inf (the authors' code) instead of
-            raising `pflkit.fl.train.Diverged` (the pflkit convention).
+            raising `pflkit.errors.Diverged` (the pflkit convention).
         where: names the run in error messages.
         keep_last: also return the last step taken, ``stats["last"] = {"params": weights
             before it, "batch": its batch, "grads": its gradient (list, detached)}``, or None

@@ -28,7 +28,8 @@ Alg. 1 line 6's forward pass itself (the input of BNNet, Eq. 3) is made either w
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -122,6 +123,45 @@ def set_bn_mode(model: nn.Module, mode: str, beta: float | Sequence | torch.Tens
         layer.beta = float(b) if isinstance(b, (int, float)) else b
 
 
+@contextmanager
+def pretrained_eval(model: nn.Module):
+    """Inside the block: evaluation mode with the pretrained BN statistics (beta = 0).
+
+    The state in which FedL2P Alg. 1 line 6 passes the client's data through the pretrained
+    model. Every mixed BN layer's mode and beta and the model's training flag are restored on
+    exit; a model without mixed BN layers is only put in evaluation mode.
+    """
+    layers = mixed_bn_layers(model)
+    saved = [(layer.mode, layer.beta) for layer in layers]
+    was_training = model.training
+    if layers:
+        set_bn_mode(model, "global")
+    model.eval()
+    try:
+        yield model
+    finally:
+        for layer, (mode, beta) in zip(layers, saved):
+            layer.mode, layer.beta = mode, beta
+        model.train(was_training)
+
+
+def pretrained_pass(model: nn.Module, batches: Iterable[torch.Tensor], layers: Sequence[nn.Module],
+                    hook_for: Callable[[int], Callable]) -> None:
+    """One forward pass of ``batches`` under `pretrained_eval`, ``hook_for(k)`` watching ``layers[k]``.
+
+    The hooks (``forward_hook(module, inputs, output)``) accumulate whatever statistics the
+    caller needs; they are removed afterwards, even when a batch fails.
+    """
+    handles = [layer.register_forward_hook(hook_for(k)) for k, layer in enumerate(layers)]
+    try:
+        with pretrained_eval(model):
+            for x in batches:
+                model(x)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @torch.no_grad()
 def bn_input_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-channel mean and unbiased variance of every mixed BN layer's input.
@@ -131,6 +171,8 @@ def bn_input_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> list[tu
     in float64 so the result is exact for the whole dataset, not a running average.
     """
     layers = mixed_bn_layers(model)
+    if not layers:
+        raise ValueError("bn_input_stats: the model has no MixedBatchNorm layer; call convert_bn first")
     sums = [None] * len(layers)
 
     def hook_for(k):
@@ -147,20 +189,7 @@ def bn_input_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> list[tu
                 sums[k][2] += n
         return hook
 
-    saved = [(layer.mode, layer.beta) for layer in layers]
-    was_training = model.training
-    set_bn_mode(model, "global")
-    model.eval()
-    handles = [layer.register_forward_hook(hook_for(k)) for k, layer in enumerate(layers)]
-    try:
-        for x in batches:
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-        for layer, (mode, beta) in zip(layers, saved):
-            layer.mode, layer.beta = mode, beta
-        model.train(was_training)
+    pretrained_pass(model, batches, layers, hook_for)
     out = []
     for k, entry in enumerate(sums):
         if entry is None:

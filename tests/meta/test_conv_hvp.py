@@ -15,7 +15,7 @@ from pflkit.meta.client_stats import client_stats
 from pflkit.meta.conv_hvp import cheap_conv_double_backward, conv2d
 from pflkit.meta.functional import forward, model_tensors
 from pflkit.meta.hypergrad import ift_hypergrad
-from pflkit.meta.learner import meta_losses
+from pflkit.meta.objectives import meta_losses
 from pflkit.meta.linear_solve import neumann
 from pflkit.meta.metanets import MetaSpec, init_meta_params, meta_hyperparams
 from pflkit.models.introspect import bn_modules, layer_input_modules, layer_param_names

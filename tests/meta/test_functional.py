@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflkit.fl.train import Diverged
+from pflkit.errors import Diverged
 from pflkit.meta.functional import (
     finetune, forward, load_tensors, lookahead_loss, model_tensors, sgd_step, using_beta, validation_loss,
 )

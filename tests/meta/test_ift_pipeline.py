@@ -10,36 +10,20 @@ from functools import partial
 
 import pytest
 import torch
-from torch import nn
 
 from pflkit.meta.client_stats import client_stats
 from pflkit.meta.functional import lookahead_loss, model_tensors, validation_loss
 from pflkit.meta.hypergrad import ift_hypergrad
 from pflkit.meta.linear_solve import neumann
 from pflkit.meta.metanets import MetaSpec, init_meta_params, meta_hyperparams
-from pflkit.models.mixed_bn import convert_bn
 
 D = torch.float64
 MU = 0.3  # L2 weight: makes theta* an isolated minimum
 
 
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.bn, self.fc2 = nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.fc2(torch.tanh(self.bn(self.fc1(x))))
-
-
 @pytest.fixture(scope="module")
-def problem():
-    torch.manual_seed(0)
-    model = Tiny().double()
-    with torch.no_grad():
-        model.bn.running_mean.copy_(torch.tensor([0.3, -0.2, 0.1, 0.5]))
-        model.bn.running_var.copy_(torch.tensor([0.8, 1.5, 0.6, 1.2]))
-    convert_bn(model)
+def problem(tiny_bn_net):
+    model = tiny_bn_net()
     g = torch.Generator().manual_seed(1)
     x, xv = torch.randn(16, 3, generator=g, dtype=D) + 0.4, torch.randn(12, 3, generator=g, dtype=D) + 0.4
     w = torch.randn(3, 3, generator=g, dtype=D)

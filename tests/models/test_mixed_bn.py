@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflkit.models.mixed_bn import (
-    MixedBatchNorm, bn_input_stats, convert_bn, init_client_stats, reset_client_stats, set_bn_mode, start_client_stats,
+    MixedBatchNorm, bn_input_stats, convert_bn, init_client_stats, pretrained_pass, reset_client_stats, set_bn_mode,
+    start_client_stats,
 )
 
 
@@ -118,3 +119,24 @@ def test_errors_name_the_problem():
         set_bn_mode(model, "mixed", beta=[0.1, 0.2])
     with pytest.raises(ValueError, match="no batch"):
         bn_input_stats(model, [])
+
+
+def test_pretrained_pass_restores_modes_and_removes_its_hooks():
+    """Alg. 1 line 6's pass sees beta = 0 in evaluation mode; the model comes back as it was."""
+    model = convert_bn(nn.Sequential(nn.Conv2d(2, 4, 1), _bn()))
+    set_bn_mode(model, "mixed", beta=0.7)
+    model.train()
+    seen = []
+
+    def hook_for(k):
+        def hook(module, inputs, output):
+            seen.append((k, module.training, module.mode, module.beta))
+        return hook
+
+    pretrained_pass(model, [torch.randn(5, 2, 3, 3), torch.randn(2, 2, 3, 3)], [model[1]], hook_for)
+    assert seen == [(0, False, "mixed", 0.0)] * 2
+    assert model.training and model[1].mode == "mixed" and model[1].beta == 0.7
+    model(torch.randn(3, 2, 3, 3))
+    assert len(seen) == 2  # the hook is gone
+    with pytest.raises(ValueError, match="convert_bn"):
+        bn_input_stats(nn.Linear(2, 2), [torch.randn(1, 2)])

@@ -1,36 +1,15 @@
-"""One client's side of FedL2P: meta-learning lambda (Alg. 1 lines 6-11) and personalizing.
+"""One client's side of FedL2P: meta-learning lambda (Alg. 1 lines 5-12) and personalizing.
 
-These functions take the algorithm's config (`pflkit.algorithms.fedl2p.FedL2PConfig`,
-duck-typed here) and the run's `Env`; the phase functions of the algorithm are thin
-wrappers around them.
+The phase functions of `pflkit.algorithms.fedl2p` are thin wrappers around these. They
+take the algorithm's config (`FedL2PConfig`, duck-typed here) and the run's `Env`, and
+they decide which of the client's batches feed the generic meta-learning math of
+`pflkit.meta` (functional fine-tuning, the losses of `pflkit.meta.objectives`, the
+hypergradients and solves) and in what order.
 
 Client statistics (``client_stats_init``): Alg. 1 lines 6-7 pass the client's train split
 through the pretrained model for the meta-nets' inputs; the client's BN running statistics
 then start at mean 0 / variance 1 before every fine-tuning (``"reset"``, the authors' code)
 or keep that pass's moments (``"pass"``), see `pflkit.models.mixed_bn`.
-
-Where the IFT is applied (our reading of sec. 3.3): Alg. 1 line 9 fine-tunes the
-pretrained model for e epochs with the current (beta, eta), detached, giving theta_i;
-the paper identifies the stationary point theta*(lambda) of L_T (Eq. 9-10) with the step's
-result ("theta* coincides with theta'", "a single instance of inner-loop iterations"), so
-line 10 takes theta* = theta_i and applies Eq. 6-7 there with L_V on one validation batch
-and L_T chosen by ``lt_mode``:
-
-* ``"last_step"`` (default, the authors' code): Eq. 10's step *is* the last fine-tuning
-  step, ``theta' = theta_{N-1} - eta(lambda) g``, ``g`` the gradient that step took (a
-  constant, computed in training mode), so theta' = theta_i; Eq. 9's cross-entropy is taken
-  on one fresh training batch in evaluation mode (the client's running statistics mixed by
-  beta). As a function of theta = theta_i, with eta_hat = eta's current value held constant:
-  ``L_T(theta, lambda) = CE_eval(f_{theta - (eta(lambda) - eta_hat) g, beta(lambda)}(x_l), y_l)``.
-  Its Hessian in theta is the cross-entropy's at theta_i and its mixed derivative in eta is
-  ``-H g`` per tensor: what the authors' code gets by differentiating d_theta L_T at the
-  fine-tuned weights, which carry eta's graph from the last step only. With an exact
-  H^{-1} the IFT term for eta_k is then ``<d L_V / d theta_k, g_k>``.
-* ``"lookahead"`` (pflkit's earlier reading): one extra step from theta_i on a fresh step
-  batch, both forward passes in training mode (`pflkit.meta.functional.lookahead_loss`);
-  ``second_order`` differentiates through that step's gradient.
-
-FOMAML+ (App. F) differentiates ``L_V(theta', lambda)`` through the same step instead.
 
 Meta schedule (``meta_schedule``, Alg. 1 line 8's K):
 
@@ -41,34 +20,36 @@ Meta schedule (``meta_schedule``, Alg. 1 line 8's K):
 * ``"steps"``: K = ``meta_iters`` steps, L_V on the whole split (``val_batch_size = 0``) or
   on one random batch of ``val_batch_size`` per step.
 
-Each meta step fine-tunes theta_g afresh (line 9) and takes one SGD step on lambda (line 10).
+Each meta step fine-tunes theta_g afresh (line 9) and takes one SGD step on lambda (line 10)
+along the hypergradient at theta_i (where the IFT is applied and which L_T: our reading of
+sec. 3.3 in `pflkit.meta.objectives`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
+from pflkit.errors import Diverged
 from pflkit.fl.federation import Client
-from pflkit.fl.train import Diverged, client_batches, set_state
+from pflkit.fl.train import client_batches, set_state
 from pflkit.meta.client_stats import ClientStats, client_stats
-from pflkit.meta.functional import (
-    Batch, Params, finetune, load_tensors, lookahead_loss, lookahead_step, model_tensors, sgd_step, validation_loss,
-)
-from pflkit.meta.hypergrad import clip_by_value, fomaml_plus, ift_hypergrad
+from pflkit.meta.functional import Batch, Params, finetune, load_tensors, model_tensors
+from pflkit.meta.hypergrad import fomaml_plus, ift_hypergrad
 from pflkit.meta.linear_solve import neumann
-from pflkit.meta.metanets import MetaNet, MetaSpec, group_of, meta_hyperparams
+from pflkit.meta.metanets import MetaNet, MetaSpec, meta_hyperparams
+from pflkit.meta.objectives import lambda_step, meta_losses
 from pflkit.models.introspect import bn_modules, layer_input_modules, layer_param_names
 from pflkit.models.mixed_bn import convert_bn, mixed_bn_layers, reset_client_stats, set_bn_mode
 
-__all__ = ["ClientContext", "model_spec", "scratch_model", "prepare_client", "hyperparams", "meta_losses",
-           "meta_step", "meta_learn", "val_schedule", "num_meta_steps", "sparsity", "personalize", "epoch_batches"]
+__all__ = ["ClientContext", "META_SCHEDULES", "model_spec", "scratch_model", "prepare_client", "hyperparams",
+           "epoch_batches", "val_schedule", "num_meta_steps", "meta_step", "meta_learn", "summary", "sparsity",
+           "personalize"]
 
-LT_MODES = ("last_step", "lookahead")
 META_SCHEDULES = ("passes", "steps")
 
 SCRATCH = "fedl2p"
@@ -186,58 +167,43 @@ def num_meta_steps(client: Client, cfg) -> int:
     return cfg.meta_iters * math.ceil(client.num(_val_split(client)) / cfg.val_batch_size)
 
 
-def meta_losses(model: nn.Module, names: list[str], hyper: Callable, buffers: Params, val_b: Batch, *,
-                lt_mode: str, loss_b: Batch, step_b: Batch | None = None, grads: list | None = None,
-                second_order: bool = False):
-    """L_T, L_V and the step theta -> theta' as functions of (theta list, lambda list).
+def _finetune(ctx: ClientContext, cfg, batches, eta, beta, where: str, keep_last: bool = False):
+    """Alg. 1 line 9 (and personalization): fine-tune theta_g afresh on ``batches``.
 
-    Args:
-        model, names: the network and its parameter names (the order of the theta list).
-        hyper: ``lambda list -> (beta, eta)`` (Eq. 4), differentiable.
-        buffers: the client's statistics after fine-tuning (copied by every loss).
-        val_b: L_V's batch.
-        lt_mode: ``"last_step"`` or ``"lookahead"`` (module docstring).
-        loss_b: the batch of L_T's cross-entropy (Eq. 9).
-        step_b: ``"lookahead"``: the batch of the extra step's gradient.
-        grads: ``"last_step"``: the last fine-tuning step's gradient (None: no step was
-            taken, then L_T does not depend on eta).
-        second_order: ``"lookahead"`` only: differentiate through the step's gradient.
-
-    Returns:
-        ``(train_loss, val_loss, step)``; theta is theta_i, the fine-tuned weights.
+    The client's running statistics restart from their values before fine-tuning (a copy
+    of ``ctx.buffers``). Returns ``(theta_i, buffers after fine-tuning, stats)``.
     """
-    def unpack(th, lm):
-        return dict(zip(names, th)), hyper(lm)
+    buffers = {n: b.clone() for n, b in ctx.buffers.items()}
+    theta, stats = finetune(ctx.model, ctx.params, buffers, batches, eta, beta, skip_nonfinite=cfg.skip_nonfinite,
+                            where=where, keep_last=keep_last)
+    return theta, buffers, stats
 
-    def val_loss(th, lm):
-        params, (beta, _) = unpack(th, lm)
-        return validation_loss(model, params, buffers, val_b, beta)
 
-    if lt_mode == "last_step":
-        def last(th, eta):
-            # (eta(lambda) - eta_hat) is zero in value, so theta' = theta_i, with d theta' / d eta_k = -g_k
-            g = grads if grads is not None else [torch.zeros_like(t) for t in th]
-            return [x.detach() for x in g], eta - eta.detach()
+def _loss_batches(ctx: ClientContext, cfg, gen: torch.Generator, val_batch: Batch | None):
+    """The batches of one meta step's losses, drawn from ``gen`` after fine-tuning.
 
-        def train_loss(th, lm):
-            params, (beta, eta) = unpack(th, lm)
-            g, shift = last(th, eta)
-            return lookahead_loss(model, params, buffers, None, loss_b, shift, beta, grads=g, training=False)
+    L_T's training batches (``"lookahead"``: a step batch before the loss batch, Eq. 10 / 9),
+    then L_V's batch when the schedule gave none (``meta_schedule="steps"``).
+    Returns ``(step_b, loss_b, val_b)``.
+    """
+    draw = partial(ctx.client.random_batch, "train", cfg.batch_size, gen, ctx.device, cfg.augment)
+    step_b = None if cfg.lt_mode == "last_step" else draw()
+    loss_b = draw()
+    val_b = val_batch if val_batch is not None else _val_batch(ctx.client, cfg, gen, ctx.device)
+    return step_b, loss_b, val_b
 
-        def step(th, lm):
-            params, (_, eta) = unpack(th, lm)
-            g, shift = last(th, eta)
-            return list(sgd_step(params, g, shift).values())
-    else:
-        def train_loss(th, lm):
-            params, (beta, eta) = unpack(th, lm)
-            return lookahead_loss(model, params, buffers, step_b, loss_b, eta, beta, second_order=second_order)
 
-        def step(th, lm):
-            params, (beta, eta) = unpack(th, lm)
-            return list(lookahead_step(model, params, buffers, step_b, eta, beta).values())
+def _hypergradient(cfg, losses, th: list, lm: list) -> list[torch.Tensor]:
+    """d L_V / d lambda at theta_i: the IFT of Eq. 6-7 with Alg. 2's Neumann solve, or FOMAML+ (App. F)."""
+    train_loss, val_loss, step = losses
+    if cfg.meta_grad == "ift":
+        solve = partial(neumann, steps=cfg.neumann_steps, psi=cfg.psi, scaled=cfg.neumann_scaled)
+        return ift_hypergrad(train_loss, val_loss, th, lm, solve=solve)
+    return fomaml_plus(val_loss, step, th, lm)
 
-    return train_loss, val_loss, step
+
+def _finite(grads: list[torch.Tensor], value: float) -> bool:
+    return all(bool(torch.isfinite(g).all()) for g in grads) and math.isfinite(value)
 
 
 def meta_step(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, gen: torch.Generator,
@@ -246,10 +212,10 @@ def meta_step(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, gen: torch.
     """One meta step of Alg. 1 lines 9-10: fine-tune, then one SGD step on lambda.
 
     The hypergradient (IFT, Alg. 2; or FOMAML+) is clipped by value to ``[-clip, clip]``
-    and each group of lambda steps with its own rate: ``zeta = (w_bn, w_lr, eta_tilde)``.
-    Training batches come from ``gen``: the e fine-tuning epochs, then L_T's loss batch
-    (``"lookahead"``: a step batch before it). ``val_batch`` is L_V's batch (None: drawn
-    here, ``meta_schedule="steps"``).
+    and each group of lambda steps with its own rate: ``zeta = (w_bn, w_lr, eta_tilde)``
+    (`pflkit.meta.objectives.lambda_step`). Training batches come from ``gen``: the e
+    fine-tuning epochs, then L_T's batches (`_loss_batches`). ``val_batch`` is L_V's batch
+    (None: drawn here, ``meta_schedule="steps"``).
 
     Returns:
         The new lambda and ``{"loss": fine-tuning loss, "val_loss": L_V(theta_i, lambda)}``.
@@ -257,36 +223,25 @@ def meta_step(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, gen: torch.
     with torch.no_grad():
         beta, eta = hyperparams(ctx, lam)
     last_step = cfg.lt_mode == "last_step"
-    # every step fine-tunes theta_g afresh ("Finetune theta_g", line 9), the client's
-    # running statistics restarting from their values before fine-tuning
-    buffers = {n: b.clone() for n, b in ctx.buffers.items()}
-    theta, ft = finetune(ctx.model, ctx.params, buffers, epoch_batches(ctx.client, cfg, gen, ctx.device), eta,
-                         beta, skip_nonfinite=cfg.skip_nonfinite, where=where, keep_last=last_step)
-    step_b = None if last_step else ctx.client.random_batch("train", cfg.batch_size, gen, ctx.device, cfg.augment)
-    loss_b = ctx.client.random_batch("train", cfg.batch_size, gen, ctx.device, cfg.augment)
-    val_b = val_batch if val_batch is not None else _val_batch(ctx.client, cfg, gen, ctx.device)
+    theta, buffers, ft = _finetune(ctx, cfg, epoch_batches(ctx.client, cfg, gen, ctx.device), eta, beta, where,
+                                   keep_last=last_step)
+    step_b, loss_b, val_b = _loss_batches(ctx, cfg, gen, val_batch)
     keys = list(lam)
     last = ft.get("last")
-    train_loss, val_loss, step = meta_losses(
+    losses = meta_losses(
         ctx.model, list(ctx.params), lambda lm: hyperparams(ctx, dict(zip(keys, lm))), buffers, val_b,
         lt_mode=cfg.lt_mode, loss_b=loss_b, step_b=step_b, grads=last["grads"] if last else None,
         second_order=cfg.second_order)
     th, lm = list(theta.values()), [lam[k] for k in keys]
     with torch.no_grad():
-        lv = float(val_loss(th, lm))
-    if cfg.meta_grad == "ift":
-        solve = partial(neumann, steps=cfg.neumann_steps, psi=cfg.psi, scaled=cfg.neumann_scaled)
-        grads = ift_hypergrad(train_loss, val_loss, th, lm, solve=solve)
-    else:
-        grads = fomaml_plus(val_loss, step, th, lm)
-    if not all(bool(torch.isfinite(g).all()) for g in grads) or not math.isfinite(lv):
+        lv = float(losses[1](th, lm))
+    grads = _hypergradient(cfg, losses, th, lm)
+    row = {"loss": ft["loss"], "val_loss": lv}
+    if not _finite(grads, lv):
         if not cfg.skip_nonfinite:
             raise Diverged(f"non-finite hypergradient or validation loss in {where}")
-        return lam, {"loss": ft["loss"], "val_loss": lv}
-    grads = clip_by_value(grads, cfg.clip)
-    zeta = dict(zip(("bnnet", "lrnet", "eta_tilde"), cfg.zeta))
-    new = {k: (lam[k] - zeta[group_of(k)] * g).detach() for k, g in zip(keys, grads)}
-    return new, {"loss": ft["loss"], "val_loss": lv}
+        return lam, row
+    return lambda_step(lam, grads, cfg.zeta, cfg.clip), row
 
 
 def meta_learn(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, env, where: str = "FedL2P"):
@@ -301,9 +256,13 @@ def meta_learn(ctx: ClientContext, lam: dict[str, torch.Tensor], cfg, env, where
     metrics = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
     with torch.no_grad():
         beta, eta = hyperparams(ctx, lam)
-    metrics["beta_mean"] = float(beta.mean()) if isinstance(beta, torch.Tensor) else float(beta or 0.0)
-    metrics["sparsity"] = sparsity(ctx, eta)
-    return lam, metrics  # on the run's device, as the server keeps it
+    return lam, {**metrics, **summary(ctx, beta, eta)}  # lambda on the run's device, as the server keeps it
+
+
+def summary(ctx: ClientContext, beta, eta: torch.Tensor) -> dict[str, float]:
+    """The client's mean beta (Eq. 2) and the `sparsity` of its eta (Eq. 4), for the metrics rows."""
+    mean_beta = float(beta.mean()) if isinstance(beta, torch.Tensor) else float(beta or 0.0)
+    return {"beta_mean": mean_beta, "sparsity": sparsity(ctx, eta)}
 
 
 def sparsity(ctx: ClientContext, eta: torch.Tensor) -> float:
@@ -325,10 +284,8 @@ def personalize(weights: dict, lam: dict[str, torch.Tensor], client: Client, cfg
     ctx = prepare_client(weights, client, cfg, env)
     with torch.no_grad():
         beta, eta = hyperparams(ctx, {k: v.to(ctx.device) for k, v in lam.items()})
-    buffers = {n: b.clone() for n, b in ctx.buffers.items()}
-    theta, _ = finetune(ctx.model, ctx.params, buffers,
-                        epoch_batches(client, cfg, env.generator("finetune", client.id), ctx.device), eta, beta,
-                        skip_nonfinite=cfg.skip_nonfinite, where=f"personalizing client {client.id}")
+    batches = epoch_batches(client, cfg, env.generator("finetune", client.id), ctx.device)
+    theta, buffers, _ = _finetune(ctx, cfg, batches, eta, beta, where=f"personalizing client {client.id}")
     model = load_tensors(ctx.model, theta, buffers)
     if beta is not None:
         set_bn_mode(model, "mixed", list(beta.detach().unbind()) if isinstance(beta, torch.Tensor) else beta)
