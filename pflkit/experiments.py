@@ -22,6 +22,13 @@ the classifier head when the trained weights are carried to the experiment's mod
 a source of weights (the model as built, e.g. ``model.options.pretrained = true``
 for torchvision's ImageNet ResNet-18, or the file ``weights``).
 
+A method may also be trained on part of the federation, with its own model size, or from
+another method's trained weights (`MethodStage`; pFedHN Table 2 trains each baseline per
+budget group, sec. 5.2): ``clients = { group = 0, of = 3 }`` (the first of three equal
+contiguous client groups, renumbered as a federation of their own), ``model = { width = 8 }``
+(options over ``[model].options`` for this method only) and ``start_from = "FedAvg (S)"`` (the
+global model of an earlier method of the file, as LG-FedAvg starts from FedAvg's, sec. 5).
+
 `resolve` turns file + preset + overrides into a frozen `ExperimentConfig`,
 checking every key and value before any data is loaded.
 """
@@ -184,6 +191,57 @@ class StageConfig:
     config: Any
 
 
+@dataclass(frozen=True)
+class ClientGroup:
+    """``clients = { group = G, of = N }``: the clients of equal contiguous group ``group`` of ``of``.
+
+    The groups are those of pFedHN's budgets (Table 2: clients [0, n/3) are S, and so on), so a preset
+    that changes ``data.num_clients`` keeps the split. Attributes: ``group`` (0-based), ``of``.
+    """
+
+    group: int
+    of: int
+
+    def ids(self, num_clients: int) -> list[int]:
+        """The client ids of the group, in order (`pflkit.fl.federation.contiguous_group`)."""
+        from pflkit.fl.federation import contiguous_group
+
+        return [i for i in range(num_clients) if contiguous_group(i, num_clients, self.of) == self.group]
+
+
+@dataclass(frozen=True)
+class MethodStage(StageConfig):
+    """A method of ``[methods]``, with the settings that say where it trains and from what.
+
+    Attributes:
+        clients: train and test on this client group only, as a federation of its own (its clients
+            renumbered 0..k-1); None: every client. pFedHN Table 2: baselines "cannot share across
+            sizes", so each is trained per budget group (sec. 5.2, App. B).
+        model: options replacing ``[model].options`` for this method (``{ width = 8 }``: LeNet S).
+        start_from: the label of an earlier method whose global model this one starts from (its
+            weights, same seed): LG-FedAvg from the FedAvg model of its group (sec. 5).
+    """
+
+    clients: ClientGroup | None = None
+    model: dict = field(default_factory=dict)
+    start_from: str = ""
+
+    def extra_dict(self) -> dict:
+        """The method-level settings that differ from their defaults (so runs made before they existed
+        keep their fingerprints)."""
+        out: dict = {}
+        if self.clients is not None:
+            out["clients"] = {"group": self.clients.group, "of": self.clients.of}
+        if self.model:
+            out["model"] = dict(self.model)
+        if self.start_from:
+            out["start_from"] = self.start_from
+        return out
+
+
+METHOD_KEYS = ("clients", "model", "start_from")  # [methods.X] settings outside the algorithm's
+
+
 NO_TRAINING = "none"  # pretrain.algorithm of a stage that is only a source of weights
 NORMALIZE = ("pretrain", "data")
 
@@ -259,7 +317,7 @@ class ExperimentConfig:
         def stage(s):
             if s is None:
                 return None
-            extra = s.extra_dict() if isinstance(s, PretrainStage) else {}
+            extra = s.extra_dict() if isinstance(s, (PretrainStage, MethodStage)) else {}
             return {"label": s.label, "algorithm": s.algorithm, **to_dict(s.config), **extra}
 
         return {"name": self.name, "paper": self.paper, "table": self.table, "title": self.title,
@@ -339,6 +397,59 @@ def _stage(label: str, raw: dict, prefix: str) -> StageConfig:
     if name not in ALGORITHMS:
         raise ConfigError(f"{prefix}algorithm={name!r}: unknown; known: {', '.join(sorted(ALGORITHMS))}")
     return StageConfig(label, name, from_dict(ALGORITHMS[name].config, raw, prefix))
+
+
+def _method_stage(label: str, raw: dict) -> MethodStage:
+    """``[methods."label"]`` -> a `MethodStage`: the algorithm's settings and `METHOD_KEYS`, each checked on
+    its own (how they fit the rest of the experiment: `_check_methods`)."""
+    raw = dict(raw)
+    prefix = f"methods.{label}."
+    extra = {k: raw.pop(k) for k in METHOD_KEYS if k in raw}
+    base = _stage(label, raw, prefix)
+    clients = extra.get("clients")
+    if clients is not None:
+        require(isinstance(clients, dict) and set(clients) == {"group", "of"}, f"{prefix}clients", clients,
+                "must be a table { group = G, of = N }: the G-th (from 0) of N equal contiguous client groups")
+        group, of = (coerce(clients[k], int, f"{prefix}clients.{k}") for k in ("group", "of"))
+        require(of >= 1, f"{prefix}clients.of", of, "must be >= 1")
+        require(0 <= group < of, f"{prefix}clients.group", group, f"must be in [0, {of})")
+        clients = ClientGroup(group, of)
+    model = extra.get("model", {})
+    require(isinstance(model, dict), f"{prefix}model", model, "must be a table of model options, e.g. { width = 8 }")
+    start = coerce(extra.get("start_from", ""), str, f"{prefix}start_from")
+    return MethodStage(base.label, base.algorithm, base.config, clients=clients, model=dict(model), start_from=start)
+
+
+def _check_methods(methods: tuple[MethodStage, ...], data: DataConfig, model: ModelConfig, has_pretrain: bool) -> None:
+    """The method-level settings against the experiment: groups that exist, model options the model
+    takes, a ``start_from`` method that comes earlier, exports a global model and has the same clients
+    and model (so its weights fit). One-line errors naming ``methods.LABEL.KEY``."""
+    from pflkit.algorithms import ALGORITHMS
+    from pflkit.models import MODELS, model_options
+
+    known = model_options(model.name) if model.name in MODELS else {}
+    earlier: dict[str, MethodStage] = {}
+    for m in methods:
+        key = f"methods.{m.label}"
+        if m.clients is not None:
+            require(m.clients.of <= data.num_clients, f"{key}.clients.of", m.clients.of,
+                    f"more groups than clients (data.num_clients={data.num_clients})")
+            require(data.unseen_clients == 0, f"{key}.clients", m.extra_dict()["clients"],
+                    "a client group cannot be combined with data.unseen_clients")
+        for k, v in m.model.items():
+            require(k in known, f"{key}.model.{k}", v,
+                    f"not an option of model {model.name!r} (its options: {', '.join(known) or 'none'})")
+        if m.start_from:
+            src = earlier.get(m.start_from)
+            require(src is not None, f"{key}.start_from", m.start_from,
+                    f"not the label of an earlier method; earlier: {', '.join(earlier) or 'none'}")
+            require(ALGORITHMS[src.algorithm].exports_global, f"{key}.start_from", m.start_from,
+                    f"its algorithm {src.algorithm!r} has no global model to start from")
+            require(src.clients == m.clients and src.model == m.model, f"{key}.start_from", m.start_from,
+                    "must have the same clients and model settings as this method (its weights must fit)")
+        require(has_pretrain or m.start_from or not ALGORITHMS[m.algorithm].needs_pretrained, key, m.algorithm,
+                "starts from a pretrained model, but the experiment has no [pretrain] stage (or set start_from)")
+        earlier[m.label] = m
 
 
 PRETRAIN_KEYS = ("data", "new_head", "weights", "normalize")  # [pretrain] settings outside the algorithm's
@@ -482,13 +593,9 @@ def _build(raw: dict, preset: str) -> ExperimentConfig:
     if "pretrain" in raw:
         require(isinstance(raw["pretrain"], dict), "pretrain", raw["pretrain"], "must be a table")
         pretrain = _pretrain_stage(raw["pretrain"])
-    methods = tuple(_stage(label, m, f"methods.{label}.") for label, m in raw.get("methods", {}).items())
+    methods = tuple(_method_stage(label, m) for label, m in raw.get("methods", {}).items())
     require(bool(methods) or pretrain is not None, "methods", None, "an experiment needs at least one method")
-    from pflkit.algorithms import ALGORITHMS
-
-    for m in methods:
-        require(pretrain is not None or not ALGORITHMS[m.algorithm].needs_pretrained, f"methods.{m.label}",
-                m.algorithm, "starts from a pretrained model, but the experiment has no [pretrain] stage")
+    _check_methods(methods, data, model, pretrain is not None)
     seed = coerce(raw.get("seed", 0), int, "seed")
     seeds = coerce(raw.get("seeds", 1), int, "seeds")
     require(seeds >= 1, "seeds", seeds, "must be >= 1")

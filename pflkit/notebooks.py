@@ -40,6 +40,26 @@ STANDINS: dict[str, tuple[str, ...]] = {name: _STANDIN_BASE for name in DATASET_
 # become Dirichlet label shift.
 _GROUP_SCHEMES = {"domains", "natural", "concept_drift"}
 _GROUP_SCHEME_STANDIN = ("data.scheme=dirichlet", "data.partition={ alpha = 0.5 }")
+# Experiments whose budgets are sizes of one network (pFedHN Table 2: LeNet widths 8 / 16 / 32) keep them on
+# the stand-in as the hidden units of an MLP: digits' 8x8 images are too small for a LeNet.
+BUDGET_STANDIN = ("mlp", "hidden")
+
+
+def budget_standin(cfg, model: str = BUDGET_STANDIN[0], option: str = BUDGET_STANDIN[1]) -> list[str]:
+    """Overrides that carry an experiment's budget sizes to ``model``'s ``option`` (none if it has no budgets).
+
+    A budget is pFedHN's ``budget_widths`` (its ``budget_model`` / ``budget_option`` become ``model`` /
+    ``option``) or a method's own ``model = { width = w }`` (it becomes ``{ option = w }``).
+    """
+    out = []
+    for m in cfg.methods:
+        if getattr(m.config, "budget_widths", ()):
+            out += [f'methods."{m.label}".budget_model={model}', f'methods."{m.label}".budget_option={option}']
+        sizes = getattr(m, "model", None) or {}
+        if len(sizes) > 1:
+            raise ValueError(f"methods.{m.label}.model={sizes}: a budget stand-in needs one size option")
+        out += [f'methods."{m.label}".model={{ {option} = {v} }}' for v in sizes.values()]
+    return [f"model.name={model}", "model.options={}", *out] if out else []
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -73,7 +93,7 @@ class Session:
         if not self.standin or cfg.data.dataset not in STANDINS:
             return []
         extra = _GROUP_SCHEME_STANDIN if cfg.data.scheme in _GROUP_SCHEMES else ()
-        return [*STANDINS[cfg.data.dataset], *extra]
+        return [*STANDINS[cfg.data.dataset], *extra, *budget_standin(cfg)]
 
     def resolve(self, name: str, *overrides: str):
         """The experiment ``name`` at this preset with this seed and device (and the stand-in, if asked).

@@ -56,6 +56,7 @@ from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save
 from pflkit.models import build_model
 from pflkit.pretraining import (carry_weights, check_imagenet_weights, check_pretrain_fits, client_data,
                                 load_pretrain_data, load_start_weights, pretrain_provenance)
+from pflkit.stages import method_setting
 
 log = logging.getLogger(__name__)
 
@@ -278,17 +279,29 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
     if cfg.pretrain is not None:
         records[cfg.pretrain.label], pretrained = run_pretrain(cfg, fed, env, pre, seed_dir, resume, progress, train)
     for stage in cfg.methods:
-        algo = get_algorithm(stage.algorithm)
-        if algo.needs_pretrained:
-            if pretrained is None:
-                records[stage.label] = {"status": "diverged", "error": "pretraining diverged", "per_client": [],
-                                        "summary": {"acc": math.nan}, "history": [], "seconds": 0.0}
-                continue
-            start = set_state(initial_model(env), pretrained)
-        else:
-            start = initial_model(env)
-        records[stage.label] = _run_stage(stage, fed, env, start, seed_dir, resume, progress, train)
+        records[stage.label] = _run_method(cfg, stage, fed, env, pretrained, seed_dir, resume, progress, train)
     return records, {"seen": fed.seen_ids, "unseen": fed.unseen_ids}
+
+
+def _run_method(cfg, stage, fed, env, pretrained, seed_dir: Path, resume: bool, progress: bool, train) -> dict:
+    """One method of a seed, in its own setting (`pflkit.stages.method_setting`: its client group and
+    model options, if the file gives them), from a fresh model, the pretrained one or the global model
+    of the earlier method it names in ``start_from``."""
+    fed_m, cfg_m = method_setting(cfg, stage, fed)
+    env_m = env if fed_m is fed and cfg_m is cfg else make_env(cfg_m, fed_m, env.seed, env.engine)
+    start_from = getattr(stage, "start_from", "")
+    if start_from:
+        path = seed_dir / f"{slug(start_from)}.weights.pt"
+        weights, why = (load_torch(path) if path.exists() else None), f"{start_from} left no weights (diverged)"
+    elif get_algorithm(stage.algorithm).needs_pretrained:
+        weights, why = pretrained, "pretraining diverged"
+    else:
+        return _run_stage(stage, fed_m, env_m, initial_model(env_m), seed_dir, resume, progress, train)
+    if weights is None:
+        return {"status": "diverged", "error": why, "per_client": [], "summary": {"acc": math.nan}, "history": [],
+                "seconds": 0.0}
+    return _run_stage(stage, fed_m, env_m, set_state(initial_model(env_m), weights), seed_dir, resume, progress,
+                      train)
 
 
 def _pool_acc(record: dict, ids: list[int]) -> float:
@@ -461,6 +474,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
         if engine == "flower" and cfg.pretrain is not None and cfg.pretrain.data is not None:
             raise ConfigError(f"pretrain.data: the {engine} engine cannot build the pretraining stage's own "
                               "federation yet; run this experiment with the pflkit engine")
+        own = [m.label for m in cfg.methods if getattr(m, "extra_dict", dict)()]
+        if engine == "flower" and own:
+            raise ConfigError(f"methods.{own[0]}: the {engine} engine cannot train a method on a client group, "
+                              "with its own model or from another method yet; run it with the pflkit engine")
         check_imagenet_weights(cfg)  # a missing ImageNet file fails here, before any data is read
         dataset = load_dataset(cfg.data.dataset, data_root, download=download, **cfg.data.options)
         pre = load_pretrain_data(cfg, data_root, download, load=load_dataset)
@@ -497,13 +514,26 @@ def engine_info(engine: str, runs: dict) -> dict:
     return {"engine": engine, "engine_used": {label: "+".join(sorted(e)) for label, e in used.items()}}
 
 
+def _pools(stage, pools: list[dict], num_clients: int) -> list[dict]:
+    """The seen / unseen pools a method is scored on: the seed's, or, for a method on a client group
+    (a federation of its own, no unseen clients), every one of the group's renumbered clients."""
+    clients = getattr(stage, "clients", None)
+    if clients is None:
+        return pools
+    return [{"seen": list(range(len(clients.ids(num_clients)))), "unseen": []} for _ in pools]
+
+
 def _results(cfg: ExperimentConfig, runs: dict, seeds: list[int], engine: str) -> dict:
     """results.json's content from each seed's stage records."""
     per_seed = {s: r[0] for s, r in runs.items()}
     stages = ([cfg.pretrain] if cfg.pretrain else []) + list(cfg.methods)
+    pools = [runs[s][1] for s in seeds]
     methods = {st.label: _method_entry(st.label, st.algorithm, [per_seed[s][st.label] for s in seeds],
-                                       cfg.published.get(st.label), [runs[s][1] for s in seeds], seeds)
+                                       cfg.published.get(st.label), _pools(st, pools, cfg.data.num_clients), seeds)
                for st in stages}
+    for st in cfg.methods:  # a method on a client group: the original ids its per_client entries are of
+        if getattr(st, "clients", None) is not None:
+            methods[st.label]["clients"] = st.clients.ids(cfg.data.num_clients)
     return {
         "config": cfg.to_dict(),
         "engine": "flower" if engine == "flower" else "pflkit",  # whose round loop

@@ -77,27 +77,22 @@ standin = False
 figures_dir = None
 seed = 0
 experiment = "pfedvem_omniglot_n50"
-results_json = None
+results_root = None
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
 import torch
 
-from pflkit.algorithms import get_algorithm
-from pflkit.algorithms.pfedvem import trust_report
 from pflkit.data.partition import concept_drift_choices
 from pflkit.experiments import resolve
 from pflkit.fl.federation import federation_for
-from pflkit.fl.loop import run_rounds
+from pflkit.io import read_json
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
-from pflkit.runner import initial_model, make_env
+from pflkit.report.pfedvem import table1, trust_frame
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -154,7 +149,10 @@ else:  # the stand-in has no subclasses to draw from: its clients differ in P_j(
 
 # %% [markdown]
 # ## 2. Variational EM: which clients does the server trust?
-# We train pFedVEM with the experiment's settings and look at the client side of Alg. 1. The server
+# The experiment's run (`pflkit run EXPERIMENT --preset PRESET`, made here unless `results_root` holds it:
+# `<results_root>/<experiment>/results.json`) trains every method of the table, each seed on its own
+# federation. pFedVEM's run also writes its client side of Alg. 1 (`seed<S>/pfedvem.report.json`), which we
+# read for the run's first seed. The server
 # weighs client j by tau_j = 1 / rho_j^2, and rho_j^2 has two parts (Eq. 7):
 #
 # * **Tr Sigma_j / D**, the client's own uncertainty about its classifier. Few samples leave the
@@ -171,15 +169,12 @@ else:  # the stand-in has no subclasses to draw from: its clients differ in P_j(
 # deterministic (`predict = "mc"` averages the softmax over heads drawn from q_j instead).
 
 # %%
-vem = next(m for m in cfg.methods if m.algorithm == "pfedvem")
-env = make_env(cfg, fed, seed)
-res = run_rounds(get_algorithm("pfedvem"), vem.config, fed, initial_model(env), env)
-# per client: n_j, rho_j^2 (Eq. 7 against the final w), its two parts, the share of tau_j in w
-em = pd.DataFrame(trust_report(res.state, fed, vem.config, env, res.client_states)).rename(columns={
-    "trace_per_dim": "Tr(Sigma)/D", "dist2_per_dim": "||mu-w||^2/D", "tau_share": "trust tau_j (share)"})
-em["test acc"] = [res.per_client[j]["acc"] for j in em.index]
-em.index.name = "client"
-print(f"pFedVEM on {data_label}, seed {seed}: {100 * res.summary['acc']:.1f}% mean client test accuracy")
+res = session.run(experiment, results_root=results_root)
+vem = next(label for label, m in res["methods"].items() if m["algorithm"] == "pfedvem")
+# per client: n_j, rho_j^2 (Eq. 7 against the final w), its two parts, the share of tau_j in w, test accuracy
+em = trust_frame(session.run_dir(experiment, results_root), res, vem)
+print(f"{vem} on {data_label}, seed {res['config']['seed']}: {100 * em['test acc'].mean():.1f}% mean client "
+      "test accuracy")
 em.sort_values("rho2").round(5).head(10)
 
 # %%
@@ -215,30 +210,13 @@ plt.show()
 # ## 3. Table 1
 # Every method of the experiment on the same clients, each seed with its own federation (the partition
 # is seeded); personalized accuracy = mean over clients of each client's test accuracy; mean and
-# standard error over seeds (SEM, as in the paper), with the standard deviation (SD) beside it. With `results_json` (the `results.json` of
-# `pflkit run EXPERIMENT --preset PRESET`) the table is read from that run instead of trained here.
+# standard error over seeds (SEM, as in the paper), with the standard deviation (SD) beside it. The table is
+# a function of the run's `results.json` (`pflkit.report.pfedvem.table1`), the run made (or read) above.
 # Offline we run the Omniglot stand-in; the paper's CIFAR-100 / SUN397 numbers follow for reference
 # (the `pfedvem_table1_*` experiments reproduce them where those datasets are available).
 
 # %%
-if results_json:
-    done = json.loads(Path(results_json).read_text())["methods"]
-    per_seed = pd.DataFrame({label: m["per_seed"] for label, m in done.items()}).T
-else:
-    runs = {(vem.label, seed): res}
-    for s in range(cfg.seed, cfg.seed + cfg.seeds):
-        fed_s = fed if s == seed else federation_for(d, dataset, s)
-        env = make_env(cfg, fed_s, s)
-        for m in cfg.methods:
-            if (m.label, s) not in runs:
-                runs[m.label, s] = run_rounds(get_algorithm(m.algorithm), m.config, fed_s, initial_model(env), env)
-    per_seed = pd.DataFrame({lab: {s: 100 * r.summary["acc"] for (l2, s), r in runs.items() if l2 == lab}
-                             for lab in dict.fromkeys(lab for lab, _ in runs)}).T
-n_seeds = per_seed.shape[1]
-sd = per_seed.std(axis=1, ddof=1) if n_seeds > 1 else np.nan  # spread of one seed's result
-table = pd.DataFrame({"ours (%)": per_seed.mean(axis=1),
-                      "SEM": sd / np.sqrt(n_seeds),  # standard error of the mean: what the paper reports
-                      "SD": sd, "seeds": n_seeds})
+table = table1(res)
 table.to_csv(session.out / "table1_ours.csv")
 print(f"{cfg.name} on {data_label}, preset {preset}: personalized accuracy (%)")
 table.round(2)
@@ -253,11 +231,16 @@ save_figure(fig, session.figure("table1_ours.png"))
 plt.show()
 
 # %%
-print("published personalized accuracy (%), the paper's own datasets, for reference")
+print("published personalized accuracy (%), the paper's own datasets, for reference; beside it ours, where "
+      f"a saved run of that experiment at preset {preset} is found (`results_root`)")
 paper = {}
 for ds_name, ns in (("cifar100", (50, 100, 200)), ("sun397", (50, 100, 200))):
     for n in ns:
-        paper[f"{ds_name} {n}"] = resolve(f"pfedvem_table1_{ds_name}_n{n}", "paper").published
+        name = f"pfedvem_table1_{ds_name}_n{n}"
+        paper[(f"{ds_name} {n}", "paper")] = resolve(name, "paper").published
+        saved = session.run_dir(name, results_root) / "results.json"
+        if saved.exists():
+            paper[(f"{ds_name} {n}", "ours")] = table1(read_json(saved))["ours (%)"].to_dict()
 pd.DataFrame(paper).reindex(["Local", "FedAvg", "pFedME", "pFedPer", "pFedHN", "pFedMAP", "pFedVEM"])
 
 # %% [markdown]
@@ -266,8 +249,6 @@ pd.DataFrame(paper).reindex(["Local", "FedAvg", "pFedME", "pFedPer", "pFedHN", "
 # preset. The paragraph is written from the verdicts, so it always says what these runs show.
 
 # %%
-made = {"methods": {lab: {"status": "ok", "acc_mean": float(row["ours (%)"]), "published": cfg.published.get(lab)}
-                    for lab, row in table.iterrows()}, "config": cfg.to_dict()}
-claims, meaning = session.claims("pfedvem", made={cfg.name: (made, None)})
+claims, meaning = session.claims("pfedvem", [experiment], results_root)
 print(meaning)
 claims
