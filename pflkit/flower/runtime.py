@@ -39,7 +39,8 @@ def experiment_to_raw(cfg: ExperimentConfig) -> dict:
 
     raw = {"experiment": {"name": cfg.name, "paper": cfg.paper, "table": cfg.table, "title": cfg.title},
            "data": to_dict(cfg.data), "model": to_dict(cfg.model),
-           "methods": {m.label: stage(m) for m in cfg.methods}, "published": dict(cfg.published),
+           "methods": {m.label: {**stage(m), **m.extra_dict()} for m in cfg.methods},
+           "published": dict(cfg.published),
            "published_detail": dict(cfg.published_detail), "seed": cfg.seed, "seeds": cfg.seeds, "kernels": cfg.kernels, "device": cfg.device}
     if cfg.pretrain is not None:
         raw["pretrain"] = {"label": cfg.pretrain.label, **stage(cfg.pretrain), **cfg.pretrain.extra_dict()}
