@@ -89,7 +89,7 @@ from torch import nn
 from pflkit.config import fraction, one_of, require
 from pflkit.fl.aggregate import masked_mean, weighted_mean
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 Mask = dict[str, torch.Tensor]  # parameter name -> bool tensor of its shape
 ALT_EPOCHS = {"pass", "pair"}  # what one LocalAlt epoch is (`alt_schedule`)
@@ -230,10 +230,8 @@ def masked_sgd(model: nn.Module, client, trainable: Mask, cfg: FLConfig, env, ep
         wd = cfg.weight_decay
         # SGD's own weight decay would move frozen entries; as a loss term the hook masks it
         extra = (lambda _m: 0.5 * wd * sum(p.pow(2).sum() for p in params)) if wd > 0 else None
-        return local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size, epochs=epochs,
-                         generator=env.generator("client", client.id, env.round, *key), momentum=cfg.momentum,
-                         weight_decay=0.0, params=params, max_grad_norm=cfg.max_grad_norm, extra_loss=extra,
-                         device=env.device, where=f"client {client.id} {'/'.join(map(str, key))}")
+        return round_sgd(model, client, cfg, env, key=key, epochs=epochs, steps=0, weight_decay=0.0, params=params,
+                         extra_loss=extra, where=f"client {client.id} {'/'.join(map(str, key))}")
 
 
 # ---------------------------------------------------------------------------------------------
