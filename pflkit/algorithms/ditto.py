@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pflkit.algorithms.fedavg import aggregate, broadcast, init, train_from
 from pflkit.config import non_negative
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,7 @@ def personal_step(global_weights: dict, personal: dict, client, cfg, env) -> tup
     """``local_epochs`` of SGD on v_k with the proximal pull toward the received w^t."""
     model = set_state(env.scratch_model(), personal)
     extra = proximal_term(model, global_weights, cfg.lam) if cfg.lam > 0 else None
-    stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
-                      generator=env.generator("client", client.id, env.round, "personal"), epochs=cfg.local_epochs,
-                      steps=cfg.local_steps, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                      max_grad_norm=cfg.max_grad_norm, extra_loss=extra, device=env.device,
+    stats = round_sgd(model, client, cfg, env, key=("personal",), extra_loss=extra,
                       where=f"client {client.id} (personal)")
     return get_state(model), stats
 

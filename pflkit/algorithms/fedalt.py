@@ -23,30 +23,27 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pflkit.algorithms.fedselect import ALT_EPOCHS, FEDSELECT, filled, finish_update, local_alt, receive
-from pflkit.config import one_of, require
-from pflkit.fl.algorithm import FLConfig, replace
+from pflkit.algorithms.fedselect import ALT_EPOCHS, FEDSELECT, ExchangeConfig, filled, finish_update, local_alt, receive
+from pflkit.config import one_of
+from pflkit.fl.algorithm import replace
 from pflkit.fl.train import set_state
 from pflkit.models.introspect import head_param_names
 
 
 @dataclass(frozen=True)
-class FedAltConfig(FLConfig):
-    """Attributes: split (``"head"`` / ``"input"``), bn_stats (``"shared"`` / ``"local"``),
-    alt_epoch (``"pass"`` / ``"pair"``: what one of the ``local_epochs`` is; module docstring)."""
+class FedAltConfig(ExchangeConfig):
+    """Attributes: split (``"head"`` / ``"input"``), alt_epoch (``"pass"`` / ``"pair"``: what one of
+    the ``local_epochs`` is; module docstring); bn_stats and the rest: FedSelect's `ExchangeConfig`."""
 
-    fraction: float = 1.0
-    local_epochs: int = 5
+    method = "FedAlt"
+
     alt_epoch: str = "pass"
     split: str = "head"
-    bn_stats: str = "shared"
 
     def __post_init__(self):
         super().__post_init__()
         one_of("split", self.split, {"head", "input"})
-        one_of("bn_stats", self.bn_stats, {"shared", "local"})
         one_of("alt_epoch", self.alt_epoch, ALT_EPOCHS)
-        require(self.local_steps == 0, "local_steps", self.local_steps, "FedAlt trains by epochs; use 0")
 
 
 def personal_names(model: nn.Module, split: str) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 from pflkit.config import one_of, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 # ---------------------------------------------------------------- participation protocol
 
@@ -122,10 +122,7 @@ def broadcast(state, client_id, cfg, env):
 def train_from(weights, client, cfg, env, **kw) -> tuple[dict, dict]:
     """Load ``weights`` into the scratch model, run the round's local SGD, return (state, stats)."""
     model = set_state(env.scratch_model(), weights)
-    stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
-                      generator=env.generator("client", client.id, env.round), epochs=cfg.local_epochs,
-                      steps=cfg.local_steps, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                      max_grad_norm=cfg.max_grad_norm, device=env.device, where=f"client {client.id}", **kw)
+    stats = round_sgd(model, client, cfg, env, **kw)
     return get_state(model), stats
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pflkit.algorithms.fedavg import FEDAVG
 from pflkit.config import non_negative, one_of, require
 from pflkit.fl.aggregate import weighted_mean
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.algorithm import FLConfig, Update, replace
+from pflkit.fl.train import evaluate_model, finetune_sgd, get_state, round_sgd, set_state
 from pflkit.models.introspect import body_param_names, head_param_names
 
 
@@ -42,23 +43,11 @@ class FedBABUConfig(FLConfig):
         one_of("finetune_part", self.finetune_part, {"full", "head"})
 
 
-def init(model, fed, cfg, env) -> dict:
-    return {"weights": get_state(model)}
-
-
-def broadcast(state, client_id, cfg, env):
-    return state["weights"]
-
-
 def client_update(msg, client, client_state, cfg, env):
     """Local SGD of the body with the head frozen; only the body and buffers are sent."""
     model = set_state(env.scratch_model(), msg)
     body = set(body_param_names(model))
-    stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
-                      generator=env.generator("client", client.id, env.round), epochs=cfg.local_epochs,
-                      steps=cfg.local_steps, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                      params=[p for n, p in model.named_parameters() if n in body],
-                      max_grad_norm=cfg.max_grad_norm, device=env.device, where=f"client {client.id}")
+    stats = round_sgd(model, client, cfg, env, params=[p for n, p in model.named_parameters() if n in body])
     head = set(head_param_names(model))
     payload = {k: v for k, v in get_state(model).items() if k not in head}
     return Update(client.id, client.num("train"), payload, {"loss": stats["loss"]}), client_state
@@ -77,10 +66,7 @@ def finetune(weights, client, cfg, env):
         if cfg.finetune_part == "head":
             head = set(head_param_names(model))
             params = [p for n, p in model.named_parameters() if n in head]
-        local_sgd(model, client, lr=cfg.finetune_lr or cfg.lr, batch_size=cfg.batch_size,
-                  epochs=cfg.finetune_epochs, generator=env.generator("finetune", client.id),
-                  momentum=cfg.momentum, weight_decay=cfg.weight_decay, params=params,
-                  max_grad_norm=cfg.max_grad_norm, device=env.device, where=f"fine-tuning client {client.id}")
+        finetune_sgd(model, client, cfg, env, lr=cfg.finetune_lr or cfg.lr, epochs=cfg.finetune_epochs, params=params)
     return model
 
 
@@ -88,8 +74,6 @@ def evaluate(state, client, client_state, cfg, env, split):
     return evaluate_model(finetune(state["weights"], client, cfg, env), client, split, device=env.device)
 
 
-FEDBABU = Algorithm(
-    name="fedbabu", label="FedBABU", config=FedBABUConfig, init=init, broadcast=broadcast,
-    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"], exports_global=True,
-)
+# FedAvg's server state, broadcast and exported global model; only the body trains and travels
+FEDBABU = replace(FEDAVG, name="fedbabu", label="FedBABU", config=FedBABUConfig, client_update=client_update,
+                  aggregate=aggregate, evaluate=evaluate)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
+from pflkit.algorithms.fedavg import FedAvgConfig, flag, report_metrics, reported, roster, unflag
 from pflkit.config import require
 from pflkit.fl.aggregate import weighted_mean
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.algorithm import Algorithm, Update
+from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 
 def _under(name: str, prefixes) -> bool:
@@ -35,18 +35,15 @@ def _under(name: str, prefixes) -> bool:
 
 
 @dataclass(frozen=True)
-class FedPerConfig(FLConfig):
+class FedPerConfig(FedAvgConfig):
     """Attributes: personal = module-name prefixes kept on the client (default: the head);
-    participation, report_fraction: the protocol (`pflkit.algorithms.fedavg`; default ``"sampled"``)."""
+    participation, report_fraction: FedAvg's protocol (`pflkit.algorithms.fedavg`; default ``"sampled"``)."""
 
     personal: tuple[str, ...] = ("head",)
-    participation: str = "sampled"
-    report_fraction: float = 0.1
 
     def __post_init__(self):
         super().__post_init__()
         require(len(self.personal) > 0, "personal", self.personal, "name at least one personal module")
-        check_participation(self)
 
     def is_personal(self, name: str) -> bool:
         return _under(name, self.personal)
@@ -83,10 +80,7 @@ def client_update(msg, client, client_state, cfg, env):
     if personal is None:
         raise ValueError(f"client {client.id} holds no personal layers and received none")
     model = _model(msg["shared"], personal, env)
-    stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
-                      generator=env.generator("client", client.id, env.round), epochs=cfg.local_epochs,
-                      steps=cfg.local_steps, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                      max_grad_norm=cfg.max_grad_norm, device=env.device, where=f"client {client.id}")
+    stats = round_sgd(model, client, cfg, env)
     shared, personal = split_state(get_state(model), cfg)
     metrics = {"loss": stats["loss"], **report_metrics(cfg, report)}
     return Update(client.id, client.num("train"), shared if report else None, metrics), personal

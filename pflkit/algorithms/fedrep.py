@@ -25,15 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.fedselect import FEDSELECT, filled, finish_update, masked_sgd, receive
+from pflkit.algorithms.fedselect import FEDSELECT, ExchangeConfig, filled, finish_update, masked_sgd, receive
 from pflkit.config import one_of, require
-from pflkit.fl.algorithm import FLConfig, replace
+from pflkit.fl.algorithm import replace
 from pflkit.fl.train import set_state
 from pflkit.models.introspect import head_param_names
 
 
 @dataclass(frozen=True)
-class FedRepConfig(FLConfig):
+class FedRepConfig(ExchangeConfig):
     """FedRep's settings.
 
     Attributes:
@@ -43,15 +43,14 @@ class FedRepConfig(FLConfig):
             ones; FedRep's ``local_rep_ep``).
         head_epochs: ``"separate"`` only: head epochs before the ``local_epochs`` body epochs.
         epoch_budget: ``"total"`` (default, module docstring) or ``"separate"``.
-        bn_stats: ``"shared"`` (averaged) or ``"local"`` BN running statistics.
+        bn_stats: as FedSelect's (`ExchangeConfig`), like ``fraction`` and ``local_epochs``' defaults.
     """
 
-    fraction: float = 1.0
-    local_epochs: int = 5
+    method = "FedRep"
+
     body_epochs: int = 1
     head_epochs: int = 10
     epoch_budget: str = "total"
-    bn_stats: str = "shared"
 
     def __post_init__(self):
         super().__post_init__()
@@ -60,8 +59,6 @@ class FedRepConfig(FLConfig):
         require(self.body_epochs >= 0, "body_epochs", self.body_epochs, "must be >= 0")
         require(self.epoch_budget == "separate" or self.body_epochs <= self.local_epochs, "body_epochs",
                 self.body_epochs, f"must be <= local_epochs ({self.local_epochs}) with epoch_budget='total'")
-        require(self.local_steps == 0, "local_steps", self.local_steps, "FedRep trains by epochs; use 0")
-        one_of("bn_stats", self.bn_stats, {"shared", "local"})
 
     def phases(self) -> tuple[int, int]:
         """(head epochs, body epochs) of one round."""

@@ -81,6 +81,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -89,14 +90,36 @@ from torch import nn
 from pflkit.config import fraction, one_of, require
 from pflkit.fl.aggregate import masked_mean, weighted_mean
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 Mask = dict[str, torch.Tensor]  # parameter name -> bool tensor of its shape
 ALT_EPOCHS = {"pass", "pair"}  # what one LocalAlt epoch is (`alt_schedule`)
 
 
 @dataclass(frozen=True)
-class FedSelectConfig(FLConfig):
+class ExchangeConfig(FLConfig):
+    """What every method on the partial-model exchange below shares (FedSelect, FedAlt, FedRep, LotteryFL).
+
+    FedSelect's Table 1 setting (every client each round, 5 local epochs: ``fraction``,
+    ``local_epochs``); training by epochs only (`masked_sgd`, so ``local_steps`` must be 0);
+    ``bn_stats``: ``"shared"`` (sent and averaged by sample count) or ``"local"`` (FedBN) BN
+    running statistics, read by `broadcast`, `finish_update` and `personalized_state`.
+    """
+
+    method: ClassVar[str] = "FedSelect"  # how errors name the method
+
+    fraction: float = 1.0
+    local_epochs: int = 5
+    bn_stats: str = "shared"
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.local_steps == 0, "local_steps", self.local_steps, f"{self.method} trains by epochs; use 0")
+        one_of("bn_stats", self.bn_stats, {"shared", "local"})
+
+
+@dataclass(frozen=True)
+class FedSelectConfig(ExchangeConfig):
     """FedSelect's settings (sec. 3: L = 5 iterations of E = 5 epochs, 5 LocalAlt epochs, K = 1).
 
     Attributes:
@@ -116,8 +139,6 @@ class FedSelectConfig(FLConfig):
         target: ``"rounds"`` only: personal share of the eligible entries where growth stops.
     """
 
-    fraction: float = 1.0
-    local_epochs: int = 5
     alt_epoch: str = "pass"
     personalization_rate: float = 0.5
     ltn_iterations: int = 5
@@ -125,7 +146,6 @@ class FedSelectConfig(FLConfig):
     start: str = "theta_0"
     scope: str = "all"
     ranking: str = "global"
-    bn_stats: str = "shared"
     schedule: str = "gradltn"
     target: float = 0.8
 
@@ -138,11 +158,9 @@ class FedSelectConfig(FLConfig):
                 "theta_L (FedSelectv2) needs schedule='gradltn'")
         require(self.ltn_iterations >= 1, "ltn_iterations", self.ltn_iterations, "must be >= 1")
         require(self.ltn_epochs >= 1, "ltn_epochs", self.ltn_epochs, "must be >= 1")
-        require(self.local_steps == 0, "local_steps", self.local_steps, "FedSelect trains by epochs; use 0")
         one_of("start", self.start, {"theta_0", "theta_L"})
         one_of("scope", self.scope, {"all", "weights"})
         one_of("ranking", self.ranking, {"global", "layer"})
-        one_of("bn_stats", self.bn_stats, {"shared", "local"})
         one_of("alt_epoch", self.alt_epoch, ALT_EPOCHS)
 
 
@@ -230,10 +248,8 @@ def masked_sgd(model: nn.Module, client, trainable: Mask, cfg: FLConfig, env, ep
         wd = cfg.weight_decay
         # SGD's own weight decay would move frozen entries; as a loss term the hook masks it
         extra = (lambda _m: 0.5 * wd * sum(p.pow(2).sum() for p in params)) if wd > 0 else None
-        return local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size, epochs=epochs,
-                         generator=env.generator("client", client.id, env.round, *key), momentum=cfg.momentum,
-                         weight_decay=0.0, params=params, max_grad_norm=cfg.max_grad_norm, extra_loss=extra,
-                         device=env.device, where=f"client {client.id} {'/'.join(map(str, key))}")
+        return round_sgd(model, client, cfg, env, key=key, epochs=epochs, steps=0, weight_decay=0.0, params=params,
+                         extra_loss=extra, where=f"client {client.id} {'/'.join(map(str, key))}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pflkit.config import one_of, require
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import client_batches, evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.train import client_batches, evaluate_model, finetune_sgd, get_state, set_state
 from pflkit.models.mixed_bn import CLIENT_STATS_INIT, FT_MODES, convert_bn, mixed_bn_layers, set_bn_mode, \
     start_client_stats
 
@@ -83,10 +83,7 @@ def finetune(weights, client, cfg, env):
     """Fine-tune the pretrained ``weights`` on the client's train split; returns the model."""
     model = prepare(weights, client, cfg.bn, env, cfg.client_stats_init)
     if cfg.epochs > 0:
-        local_sgd(model, client, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs,
-                  generator=env.generator("finetune", client.id), momentum=cfg.momentum,
-                  weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, device=env.device,
-                  where=f"fine-tuning client {client.id}")
+        finetune_sgd(model, client, cfg, env, lr=cfg.lr, epochs=cfg.epochs)
     return model
 
 

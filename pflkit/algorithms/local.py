@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,7 @@ def client_update(msg, client, client_state, cfg, env):
         client_state = get_state(_fresh(env))
         env.seed_torch("client", client.id, env.round)
     model = set_state(env.scratch_model(), client_state)
-    stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
-                      generator=env.generator("client", client.id, env.round), epochs=cfg.local_epochs,
-                      steps=cfg.local_steps, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                      max_grad_norm=cfg.max_grad_norm, device=env.device, where=f"client {client.id}")
+    stats = round_sgd(model, client, cfg, env)
     return Update(client.id, client.num("train"), None, {"loss": stats["loss"]}), get_state(model)
 
 

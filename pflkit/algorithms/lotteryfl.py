@@ -27,23 +27,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.fedselect import FEDSELECT, filled, keep_largest, masked_sgd, receive, to_sparse
-from pflkit.config import fraction, one_of, require
-from pflkit.fl.algorithm import FLConfig, Update, replace
+from pflkit.algorithms.fedselect import FEDSELECT, ExchangeConfig, filled, keep_largest, masked_sgd, receive, to_sparse
+from pflkit.config import one_of, require
+from pflkit.fl.algorithm import Update, replace
 from pflkit.fl.train import evaluate_model, get_state, set_state
 
 
 @dataclass(frozen=True)
-class LotteryFLConfig(FLConfig):
-    """Attributes: prune_step (r_p), prune_target (r_target), acc_threshold, prune_split."""
+class LotteryFLConfig(ExchangeConfig):
+    """Attributes: prune_step (r_p), prune_target (r_target), acc_threshold, prune_split; the rest is
+    FedSelect's `ExchangeConfig`, BN statistics always ``"shared"``."""
 
-    fraction: float = 1.0
-    local_epochs: int = 5
+    method = "LotteryFL"
+
     prune_step: float = 0.2
     prune_target: float = 0.5
     acc_threshold: float = 0.5
     prune_split: str = "val"
-    bn_stats: str = "shared"
 
     def __post_init__(self):
         super().__post_init__()
@@ -51,7 +51,6 @@ class LotteryFLConfig(FLConfig):
         require(0 <= self.prune_target < 1, "prune_target", self.prune_target, "must be in [0, 1)")
         require(0 <= self.acc_threshold <= 1, "acc_threshold", self.acc_threshold, "must be in [0, 1]")
         one_of("prune_split", self.prune_split, {"val", "train"})
-        require(self.local_steps == 0, "local_steps", self.local_steps, "LotteryFL trains by epochs; use 0")
         require(self.bn_stats == "shared", "bn_stats", self.bn_stats, "LotteryFL averages BN statistics ('shared')")
 
 

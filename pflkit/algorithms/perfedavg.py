@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from pflkit.algorithms.fedavg import FEDAVG
 from pflkit.config import one_of, positive, require
-from pflkit.fl.aggregate import weighted_mean
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
-from pflkit.fl.train import check_finite, evaluate_model, get_state, local_sgd, set_state
+from pflkit.fl.algorithm import FLConfig, Update, replace
+from pflkit.fl.train import check_finite, evaluate_model, local_sgd, set_state
 
 
 @dataclass(frozen=True)
@@ -98,14 +98,6 @@ def meta_step(model, params, buffers, batches, cfg, beta: float):
     return {k: (p - beta * step[k]).detach() for k, p in params.items()}, float(loss.detach())
 
 
-def init(model, fed, cfg, env) -> dict:
-    return {"weights": get_state(model)}
-
-
-def broadcast(state, client_id, cfg, env):
-    return state["weights"]
-
-
 def client_update(msg, client, client_state, cfg, env):
     model = set_state(env.scratch_model(), msg)
     model.train()
@@ -122,10 +114,6 @@ def client_update(msg, client, client_state, cfg, env):
     return Update(client.id, client.num("train"), new, {"loss": sum(losses) / len(losses)}), client_state
 
 
-def aggregate(state, updates, cfg, env):
-    return {**state, "weights": weighted_mean([u.payload for u in updates], [u.num_samples for u in updates])}
-
-
 def personalized(weights, client, cfg, env):
     """The global model after ``personalize_steps`` SGD steps of rate alpha on the client's data."""
     model = set_state(env.scratch_model(), weights)
@@ -140,10 +128,9 @@ def evaluate(state, client, client_state, cfg, env, split):
     return evaluate_model(personalized(state["weights"], client, cfg, env), client, split, device=env.device)
 
 
-PERFEDAVG = Algorithm(
-    name="perfedavg", label="Per-FedAvg (FO)", config=PerFedAvgConfig, init=init, broadcast=broadcast,
-    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"], exports_global=True,
-)
+# FedAvg's server (state, broadcast, sample-weighted averaging, exported global model) with a MAML
+# client step and a personalizing evaluation
+PERFEDAVG = replace(FEDAVG, name="perfedavg", label="Per-FedAvg (FO)", config=PerFedAvgConfig,
+                    client_update=client_update, evaluate=evaluate)
 
 PERFEDAVG_HF = replace(PERFEDAVG, name="perfedavg_hf", label="Per-FedAvg (HF)", config=PerFedAvgHFConfig)

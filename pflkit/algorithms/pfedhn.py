@@ -55,7 +55,7 @@ from pflkit.algorithms import hypernet as hn
 from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.federation import Federation, contiguous_group
-from pflkit.fl.train import evaluate_model, local_sgd
+from pflkit.fl.train import evaluate_model, round_sgd
 from pflkit.models.introspect import head_param_names
 
 
@@ -285,10 +285,7 @@ def client_update(msg, client, client_state, cfg, env):
     """K local SGD steps from theta_i; returns delta theta (Alg. 1 lines 5-8)."""
     theta = msg["theta"]
     model = client_model(theta, msg["width"], client, client_state, cfg, env)
-    stats = local_sgd(model, client, lr=cfg.lr_at(env.round), batch_size=cfg.batch_size,
-                      generator=env.generator("client", client.id, env.round), steps=cfg.local_steps,
-                      momentum=cfg.momentum, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-                      device=env.device, where=f"pFedHN client {client.id}")
+    stats = round_sgd(model, client, cfg, env, where=f"pFedHN client {client.id}")  # K = local_steps >= 1
     new = model.state_dict()
     delta = {k: (new[k] - theta[k]).detach().clone() for k in theta}
     keep = _local_part(model, theta)

@@ -34,18 +34,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
+from pflkit.algorithms import fedavg
+from pflkit.algorithms.fedavg import FEDAVG, FedAvgConfig, report_metrics, unflag
 from pflkit.config import one_of, positive, require
-from pflkit.fl.aggregate import weighted_mean
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
+from pflkit.fl.algorithm import Update, replace
 from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, set_state
 
 
 @dataclass(frozen=True)
-class PFedMeConfig(FLConfig):
+class PFedMeConfig(FedAvgConfig):
     """Attributes: lam (15 in pFedMe), personal_lr (inner rate), inner_steps K = 3,
     local_steps R = 20, lr (rate of the local-model update), beta (server mixing, 1 = FedAvg-like),
-    eval_mode ("fresh" or "last"), participation / report_fraction (the protocol, default "sampled")."""
+    eval_mode ("fresh" or "last"); participation / report_fraction: FedAvg's protocol (default "sampled")."""
 
     lr: float = 0.01
     local_steps: int = 20
@@ -54,8 +54,6 @@ class PFedMeConfig(FLConfig):
     inner_steps: int = 3
     beta: float = 1.0
     eval_mode: str = "fresh"
-    participation: str = "sampled"
-    report_fraction: float = 0.1
 
     def __post_init__(self):
         super().__post_init__()
@@ -65,15 +63,6 @@ class PFedMeConfig(FLConfig):
         require(self.local_steps >= 1, "local_steps", self.local_steps, "pFedMe counts local rounds R >= 1")
         positive("beta", self.beta)
         one_of("eval_mode", self.eval_mode, {"fresh", "last"})
-        check_participation(self)
-
-
-def init(model, fed, cfg, env) -> dict:
-    return {"weights": get_state(model), **roster(fed, cfg)}
-
-
-def broadcast(state, client_id, cfg, env):
-    return flag(state["weights"], state, client_id, cfg, env)
 
 
 def _prox(theta_params, w_params):
@@ -123,14 +112,11 @@ def client_update(msg, client, client_state, cfg, env):
 
 
 def aggregate(state, updates, cfg, env):
-    """w <- (1 - beta) w + beta * (sample-weighted mean of the reported w_i); none reported: unchanged."""
-    updates = reported(updates)
-    if not updates:
-        return state
-    mean = weighted_mean([u.payload for u in updates], [u.num_samples for u in updates])
-    if cfg.beta == 1.0:
-        return {**state, "weights": mean}
-    old = state["weights"]
+    """w <- (1 - beta) w + beta * (FedAvg's sample-weighted mean of the reported w_i); none reported: unchanged."""
+    averaged = fedavg.aggregate(state, updates, cfg, env)
+    if cfg.beta == 1.0 or averaged is state:
+        return averaged
+    old, mean = state["weights"], averaged["weights"]
     mixed = {k: ((1 - cfg.beta) * old[k] + cfg.beta * mean[k]) if old[k].is_floating_point() else mean[k]
              for k in old}
     return {**state, "weights": mixed}
@@ -145,8 +131,6 @@ def evaluate(state, client, client_state, cfg, env, split):
     return evaluate_model(set_state(env.scratch_model(), theta), client, split, device=env.device)
 
 
-PFEDME = Algorithm(
-    name="pfedme", label="pFedMe", config=PFedMeConfig, init=init, broadcast=broadcast,
-    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"], exports_global=True,
-)
+# FedAvg's server state, broadcast (with its participation protocol) and exported global model
+PFEDME = replace(FEDAVG, name="pfedme", label="pFedMe", config=PFedMeConfig, client_update=client_update,
+                 aggregate=aggregate, evaluate=evaluate)

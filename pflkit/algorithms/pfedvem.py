@@ -46,11 +46,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.fedavg import check_participation, flag, report_metrics, reported, roster, unflag
+from pflkit.algorithms.fedavg import FedAvgConfig, flag, report_metrics, reported, roster, unflag
 from pflkit.config import one_of, positive, require
 from pflkit.fl.aggregate import precision_weighted_mean, weighted_mean
-from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, set_state
+from pflkit.fl.algorithm import Algorithm, Update
+from pflkit.fl.train import check_finite, evaluate_model, get_state, round_sgd, set_state
 from pflkit.models.introspect import head_param_names
 
 # ----------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def map_loss(z, y, theta, w, rho2: float, num_classes: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PFedVEMConfig(FLConfig):
+class PFedVEMConfig(FedAvgConfig):
     """pFedVEM settings (defaults: the authors' public code, scaled per sample).
 
     Attributes:
@@ -183,10 +183,9 @@ class PFedVEMConfig(FLConfig):
     eval_mc: int = 20
 
     def __post_init__(self):
-        super().__post_init__()
         if self.report_fraction == 0:  # the earlier spelling of "the loop's sampling decides"
             object.__setattr__(self, "participation", "sampled")
-        check_participation(self)
+        super().__post_init__()  # FLConfig's checks, then FedAvg's participation protocol
         require(0 < self.head_step <= 3, "head_step", self.head_step, "must be in (0, 3] (a fraction of 1 / L)")
         require(0 <= self.head_momentum < 1, "head_momentum", self.head_momentum, "must be in [0, 1)")
         require(isinstance(self.head_steps, int) and self.head_steps >= 0, "head_steps", self.head_steps,
@@ -278,30 +277,21 @@ def _fit_head(groups: list[dict], loss_fn, cfg) -> float:
 
 
 def _train_base(model, client, draw_heads, cfg, env) -> None:
-    """Local SGD on the base with the head fixed; the loss is averaged over ``draw_heads()``."""
+    """The round's local SGD (`round_sgd`) on the base with the head fixed.
+
+    Only the data term differs from FedAvg's local SGD: the mean cross-entropy of the
+    features under the heads ``draw_heads()`` returns (fresh MC draws from q_j per step for
+    pFedVEM, the point head for pFedMAP) instead of under ``model.head``.
+    """
     body = [p for n, p in model.named_parameters() if n not in _head_keys(env)]
-    opt = make_sgd(body, cfg.lr_at(env.round), cfg.momentum, cfg.weight_decay)
-    gen, C = env.generator("client", client.id, env.round), model.head.out_features
-    model.train()
+    C = model.head.out_features
 
-    def step(xb, yb):
+    def criterion(net, xb, yb):
         heads = draw_heads()
-        logits = head_logits(model.features(xb), heads, C).reshape(-1, C)
-        loss = F.cross_entropy(logits, yb.repeat(len(heads)))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(body, cfg.max_grad_norm)
-        opt.step()
-        check_finite(float(loss.detach()), f"client {client.id} base")
+        logits = head_logits(net.features(xb), heads, C).reshape(-1, C)
+        return F.cross_entropy(logits, yb.repeat(len(heads)))
 
-    if cfg.local_steps > 0:
-        for _ in range(cfg.local_steps):
-            step(*client.random_batch("train", cfg.batch_size, gen, env.device, True))
-        return
-    for _ in range(cfg.local_epochs):
-        for xb, yb in client.batches("train", cfg.batch_size, gen, shuffle=True, device=env.device, augment=True):
-            step(xb, yb)
+    round_sgd(model, client, cfg, env, params=body, criterion=criterion, where=f"client {client.id} base")
 
 
 def _base_of(model, env) -> dict:
@@ -373,7 +363,12 @@ def aggregate(state, updates, cfg, env) -> dict:
 
 @torch.no_grad()
 def _evaluate_mc(model, mu, sigma, client, split, cfg, env) -> dict:
-    """Posterior predictive: softmax averaged over ``eval_mc`` heads drawn from q_j."""
+    """Posterior predictive: softmax averaged over ``eval_mc`` heads drawn from q_j.
+
+    Not `evaluate_model`: there is no single network to run. The prediction is a mixture
+    (the mean of ``eval_mc`` softmaxes) and its loss the NLL of that mixture, which is not the
+    cross-entropy of any one set of logits (``predict="mean"`` does use `evaluate_model`).
+    """
     model.eval()
     gen, C = env.generator("eval-heads", client.id), model.head.out_features
     heads = sample_heads(mu, sigma, cfg.eval_mc, gen)

@@ -67,6 +67,11 @@ class Download:
     resources: tuple[Resource, ...]
 
 
+def _side_by_side(base: str, md5s: dict[str, str], extract: str = "none") -> tuple[Resource, ...]:
+    """Files published under one URL prefix, each saved under its own name: ``{filename: md5}``."""
+    return tuple(Resource(base + name, name, "md5:" + md5, extract) for name, md5 in md5s.items())
+
+
 _FSDD_TAG = "v1.0.10"
 _MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist/"  # torchvision's first MNIST mirror
 _LIBSVM = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/multiclass/"
@@ -82,29 +87,24 @@ RESOURCES: dict[str, Download] = {
     "cifar100": Download("cifar-100-python", (
         Resource("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "cifar-100-python.tar.gz",
                  "md5:eb9058c3a382ffc7106e4002c42a8d85", "tar", "cifar-100-python"),)),
-    "mnist": Download("MNIST/raw", tuple(
-        Resource(_MNIST + f, f, "md5:" + md5) for f, md5 in (
-            ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
-            ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
-            ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
-            ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")))),
-    "usps": Download("usps", (
-        Resource(_LIBSVM + "usps.bz2", "usps.bz2", "md5:ec16c51db3855ca6c91edd34d0e9b197"),
-        Resource(_LIBSVM + "usps.t.bz2", "usps.t.bz2", "md5:8ea070ee2aca1ac39742fdd1ef5ed118"))),
-    "omniglot": Download("omniglot-py", (
-        Resource(_OMNIGLOT + "images_background.zip", "images_background.zip",
-                 "md5:68d2efa1b9178cc56df9314c21c6e718", "zip"),
-        Resource(_OMNIGLOT + "images_evaluation.zip", "images_evaluation.zip",
-                 "md5:6b91aef0f799c5bb55b94e3f2daec811", "zip"))),
+    "mnist": Download("MNIST/raw", _side_by_side(_MNIST, {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"})),
+    "usps": Download("usps", _side_by_side(_LIBSVM, {
+        "usps.bz2": "ec16c51db3855ca6c91edd34d0e9b197",
+        "usps.t.bz2": "8ea070ee2aca1ac39742fdd1ef5ed118"})),
+    "omniglot": Download("omniglot-py", _side_by_side(_OMNIGLOT, {
+        "images_background.zip": "68d2efa1b9178cc56df9314c21c6e718",
+        "images_evaluation.zip": "6b91aef0f799c5bb55b94e3f2daec811"}, "zip")),
     "fsdd": Download("free-spoken-digit-dataset", (
         Resource(f"https://github.com/Jakobovski/free-spoken-digit-dataset/archive/refs/tags/{_FSDD_TAG}.tar.gz",
                  f"free-spoken-digit-dataset-{_FSDD_TAG}.tar.gz", None, "tar",
                  f"free-spoken-digit-dataset-{_FSDD_TAG[1:]}"),)),
-    "mnist_m": Download("MNISTM/processed", (
-        Resource(_MNIST_M + "mnist_m_train.pt.tar.gz", "mnist_m_train.pt.tar.gz",
-                 "md5:191ed53db9933bd85cc9700558847391", "tar"),
-        Resource(_MNIST_M + "mnist_m_test.pt.tar.gz", "mnist_m_test.pt.tar.gz",
-                 "md5:e11cb4d7fff76d7ec588b1134907db59", "tar"))),
+    "mnist_m": Download("MNISTM/processed", _side_by_side(_MNIST_M, {
+        "mnist_m_train.pt.tar.gz": "191ed53db9933bd85cc9700558847391",
+        "mnist_m_test.pt.tar.gz": "e11cb4d7fff76d7ec588b1134907db59"}, "tar")),
     "speech_commands": Download("speech_commands_v0.02", (
         Resource("https://storage.googleapis.com/download.tensorflow.org/data/speech_commands_v0.02.tar.gz",
                  "speech_commands_v0.02.tar.gz", "md5:6b74f3901214cb2c2934e98196829835", "tar"),)),

@@ -44,14 +44,18 @@ def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, g
               epochs: int = 1, steps: int = 0, momentum: float = 0.0, weight_decay: float = 0.0,
               params: Iterable[torch.nn.Parameter] | None = None, max_grad_norm: float = 0.0,
               extra_loss: Callable[[nn.Module], torch.Tensor] | None = None, split: str = "train",
-              augment: bool = True, device=None, where: str = "local training") -> dict[str, float]:
+              augment: bool = True, device=None, where: str = "local training",
+              criterion: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+              ) -> dict[str, float]:
     """Plain (momentum) SGD on a client's split; the model is trained in place.
 
     Runs ``steps`` steps on fresh random batches when ``steps > 0`` (pFedHN's K local
     steps), otherwise ``epochs`` shuffled passes. ``params`` restricts which parameters
     move (FedPer heads, FedBABU bodies); ``extra_loss(model)`` adds a regularizer
-    (FedProx, Ditto, pFedMe). Raises `Diverged` on a non-finite loss (checked once, after
-    the last step: the losses are summed on the device, so no step waits for the host).
+    (FedProx, Ditto). ``criterion(model, x, y)`` replaces the data term, the mean
+    cross-entropy of ``model(x)`` (pFedVEM's base step averages it over sampled heads).
+    Raises `Diverged` on a non-finite loss (checked once, after the last step: the
+    losses are summed on the device, so no step waits for the host).
 
     Returns:
         ``{"loss": mean training loss, "steps": steps taken, "samples": samples seen}``.
@@ -64,7 +68,7 @@ def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, g
     def step(xb, yb):
         nonlocal total, seen, taken
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
+        loss = F.cross_entropy(model(xb), yb) if criterion is None else criterion(model, xb, yb)
         if extra_loss is not None:
             loss = loss + extra_loss(model)
         loss.backward()
@@ -85,6 +89,38 @@ def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, g
                 step(xb, yb)
     return {"loss": check_finite(float(total), where) / max(seen, 1), "steps": taken, "samples": seen}
 
+
+
+def round_sgd(model: nn.Module, client: Client, cfg, env, *, key: tuple = (), **overrides) -> dict[str, float]:
+    """`local_sgd` with the round's settings of an `FLConfig`: one call for every algorithm.
+
+    The learning rate is ``cfg.lr_at(env.round)``; batch size, ``local_epochs`` /
+    ``local_steps``, momentum, weight decay and clipping come from ``cfg``; the batches
+    from ``env.generator("client", client.id, env.round, *key)`` (``key`` tells apart
+    several trainings of one client in one round: Ditto's personal model, FedSelect's
+    passes). ``overrides`` replace or add `local_sgd` keywords (``params``,
+    ``extra_loss``, ``epochs``, ``where``, ...).
+    """
+    settings = {"lr": cfg.lr_at(env.round), "batch_size": cfg.batch_size, "epochs": cfg.local_epochs,
+                "steps": cfg.local_steps, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
+                "max_grad_norm": cfg.max_grad_norm, "device": env.device, "where": f"client {client.id}"}
+    generator = env.generator("client", client.id, env.round, *key)
+    return local_sgd(model, client, generator=generator, **{**settings, **overrides})
+
+
+def finetune_sgd(model: nn.Module, client: Client, cfg, env, *, lr: float, epochs: int,
+                 params: Iterable[torch.nn.Parameter] | None = None) -> dict[str, float]:
+    """Personalization by fine-tuning at evaluation time (FT baselines, FedBABU).
+
+    ``epochs`` shuffled passes over the train split at ``lr``, with ``cfg``'s batch size,
+    momentum, weight decay and clipping. The batches come from
+    ``env.generator("finetune", client.id)``, not keyed by round: every evaluation of a
+    client fine-tunes the same way.
+    """
+    return local_sgd(model, client, lr=lr, batch_size=cfg.batch_size, epochs=epochs,
+                     generator=env.generator("finetune", client.id), momentum=cfg.momentum,
+                     weight_decay=cfg.weight_decay, params=params, max_grad_norm=cfg.max_grad_norm,
+                     device=env.device, where=f"fine-tuning client {client.id}")
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, client: Client, split: str = "test", batch_size: int = 512,

@@ -43,6 +43,7 @@ from pflkit.models.lenet import lenet
 from pflkit.models.resnet import resnet18_cifar, resnet18_imagenet
 from pflkit.models.small import audio_cnn, digits_cnn, mlp
 
+# the package's public names: the zoo, and the introspection helpers of introspect.py (listed here only)
 __all__ = [
     "MODELS",
     "build_model",

@@ -25,17 +25,6 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = [
-    "SplitNet",
-    "bn_modules",
-    "head_param_names",
-    "body_param_names",
-    "layer_param_names",
-    "layer_input_modules",
-    "count_params",
-    "state_nbytes",
-]
-
 
 class SplitNet(nn.Module):
     """Base class: a feature extractor followed by a linear ``head``.

@@ -119,13 +119,21 @@ def clip_features(audio, offsets, index, rate: int, *, duration: float, n_mels: 
     return out
 
 
-def check_feature_options(duration, n_mels, win_ms, hop_ms) -> None:
+def log_mel_options(duration, n_mels, win_ms, hop_ms) -> dict:
+    """The log-mel settings of every audio loader, checked (ValueError naming the key), as a dict.
+
+    Args:
+        duration: seconds each clip is cut (keeping its middle) or zero-padded to.
+        n_mels: number of mel filters.
+        win_ms, hop_ms: STFT window and hop in milliseconds.
+    """
     check_positive_int("n_mels", n_mels)
     for key, value in (("duration", duration), ("win_ms", win_ms), ("hop_ms", hop_ms)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{key} must be a positive number, got {value!r}")
     if win_ms > 1000 * duration:
         raise ValueError(f"win_ms={win_ms} is longer than the clip duration {duration} s")
+    return dict(duration=duration, n_mels=n_mels, win_ms=win_ms, hop_ms=hop_ms)
 
 
 def audio_dataset(name: str, found: Found, y: np.ndarray, is_test: np.ndarray, class_names: Sequence[str],
@@ -203,15 +211,12 @@ def load_fsdd(root=None, *, download: bool = False, duration: float = 1.0, n_mel
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
         download: download the archive (GitHub tag, no published checksum) into the cache
             when no copy is found.
-        duration: seconds each clip is cut (keeping its middle) or zero-padded to.
-        n_mels: number of mel filters.
-        win_ms, hop_ms: STFT window and hop in milliseconds.
+        duration, n_mels, win_ms, hop_ms: the log-mel features (`log_mel_options`).
     """
-    check_feature_options(duration, n_mels, win_ms, hop_ms)
+    opts = log_mel_options(duration, n_mels, win_ms, hop_ms)
     found = read_fsdd(data_roots(root), download=download)
     a = found.arrays
     is_test = np.asarray(a["is_test"], bool) if "is_test" in a else np.asarray(a["take"]) < 5
-    opts = dict(duration=duration, n_mels=n_mels, win_ms=win_ms, hop_ms=hop_ms)
     return audio_dataset("fsdd", found, a["digit"], is_test, [str(d) for d in range(10)],
                          {"speaker": a["speaker"]}, {"speaker": [str(s) for s in a["speaker_names"]]}, opts)
 
@@ -292,15 +297,12 @@ def load_speech_commands(root=None, *, download: bool = False, duration: float =
         root: data root searched first (then ``$PFLKIT_DATA``, then ``~/.cache/pflkit/data``).
         download: download speech_commands_v0.02.tar.gz (about 2.3 GB) into the cache when
             no copy is found.
-        duration: seconds each clip is cut (keeping its middle) or zero-padded to.
-        n_mels: number of mel filters.
-        win_ms, hop_ms: STFT window and hop in milliseconds.
+        duration, n_mels, win_ms, hop_ms: the log-mel features (`log_mel_options`).
     """
-    check_feature_options(duration, n_mels, win_ms, hop_ms)
+    opts = log_mel_options(duration, n_mels, win_ms, hop_ms)
     found = read_speech_commands(data_roots(root), download=download)
     a = found.arrays
     split = np.asarray(a["split"], np.int64)
-    opts = dict(duration=duration, n_mels=n_mels, win_ms=win_ms, hop_ms=hop_ms)
     return audio_dataset(
         "speech_commands", found, a["label"], split == 2, [str(c) for c in a["class_names"]],
         {"speaker": a["speaker"], "official_split": split},

@@ -16,13 +16,13 @@ import numpy as np
 
 from ..base import Dataset, data_roots
 from ..download import fetcher
-from .common import (Found, first_match, has_files, image_dataset, names_array, provenance, records_of, resolve,
-                     to_nchw)
+from .common import Found, arrays_dataset, first_match, has_files, names_array, records_of, resolve
 
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR100_DIR = "cifar-100-python"
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # CIFAR-10's two-level hierarchy: the four machine classes are "vehicle", the six animals "animal".
 CIFAR10_VEHICLES = ("airplane", "automobile", "ship", "truck")
 CIFAR10_SUPER_NAMES = ("vehicle", "animal")
@@ -114,14 +114,9 @@ def load_cifar10(root=None, *, download: bool = False) -> Dataset:
         download: download the archive into the cache when no copy is found.
     """
     found = read_cifar10(data_roots(root), download=download)
-    a = found.arrays
-    classes = _decode(a.get("class_names", ("airplane", "automobile", "bird", "cat", "deer",
-                                            "dog", "frog", "horse", "ship", "truck")))
+    classes = _decode(found.arrays.get("class_names", CIFAR10_CLASSES))
     superclass = [0 if c in CIFAR10_VEHICLES else 1 for c in classes]
-    return image_dataset(
-        "cifar10", to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
-        class_names=classes, **provenance(found), superclass=superclass, superclass_names=CIFAR10_SUPER_NAMES,
-    )
+    return arrays_dataset("cifar10", found, classes, superclass=superclass, superclass_names=CIFAR10_SUPER_NAMES)
 
 
 def load_cifar100(root=None, *, download: bool = False) -> Dataset:
@@ -135,9 +130,5 @@ def load_cifar100(root=None, *, download: bool = False) -> Dataset:
     a = found.arrays
     classes = _decode(a["class_names"]) if "class_names" in a else [str(i) for i in range(100)]
     has_super = "superclass" in a and "superclass_names" in a
-    return image_dataset(
-        "cifar100", to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
-        class_names=classes, **provenance(found),
-        superclass=a["superclass"] if has_super else None,
-        superclass_names=_decode(a["superclass_names"]) if has_super else None,
-    )
+    return arrays_dataset("cifar100", found, classes, superclass=a["superclass"] if has_super else None,
+                          superclass_names=_decode(a["superclass_names"]) if has_super else None)

@@ -395,20 +395,35 @@ def image_dataset(
     return Dataset(meta, x_train, labels(y_train), x_test, labels(y_test), as_int(groups_train), as_int(groups_test))
 
 
-def simple_image_dataset(name: str, found: Found, default_classes: Sequence[str] | None = None) -> Dataset:
-    """A dataset from the plain image schema: x_train, y_train, x_test, y_test[, class_names]."""
-    a = found.arrays
-    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in a]
+def _require_image_arrays(name: str, found: Found) -> None:
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in found.arrays]
     if missing:
         raise ValueError(f"{name}: {found.source} lacks the arrays {missing}")
+
+
+def arrays_dataset(name: str, found: Found, class_names: Sequence[str], **meta) -> Dataset:
+    """A dataset from the plain image schema's arrays x_train, y_train, x_test, y_test (NHWC or NCHW).
+
+    ``meta``: `image_dataset`'s other keywords (``superclass``, ``superclass_names``, ...);
+    the provenance comes from ``found``.
+    """
+    _require_image_arrays(name, found)
+    a = found.arrays
+    return image_dataset(
+        name, to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
+        class_names=class_names, **provenance(found), **meta,
+    )
+
+
+def simple_image_dataset(name: str, found: Found, default_classes: Sequence[str] | None = None) -> Dataset:
+    """A dataset from the plain image schema: x_train, y_train, x_test, y_test[, class_names]."""
+    _require_image_arrays(name, found)
+    a = found.arrays
     classes = a.get("class_names")
     if classes is None:
         n = int(a["y_train"].max(initial=0)) + 1
         classes = default_classes if default_classes is not None else [str(c) for c in range(n)]
-    return image_dataset(
-        name, to_nchw(a["x_train"]), a["y_train"], to_nchw(a["x_test"]), a["y_test"],
-        class_names=[str(c) for c in classes], **provenance(found),
-    )
+    return arrays_dataset(name, found, [str(c) for c in classes])
 
 
 def provenance(found: Found) -> dict:
