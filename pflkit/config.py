@@ -40,6 +40,13 @@ def fraction(key: str, value: float) -> None:
     require(isinstance(value, (int, float)) and 0 < value <= 1, key, value, "must be in (0, 1]")
 
 
+def reject_unknown_options(what: str, given, accepted) -> None:
+    """TypeError naming the first of ``given`` that ``what`` (e.g. ``"model 'lenet'"``) does not take."""
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise TypeError(f"{what} has no option {unknown[0]!r}; it takes {', '.join(sorted(accepted)) or 'no options'}")
+
+
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

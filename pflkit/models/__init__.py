@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from pflkit.config import reject_unknown_options
 from pflkit.models.cnn import cnn5, omniglot_cnn
 from pflkit.models.introspect import (
     SplitNet,
@@ -122,11 +123,5 @@ def build_model(name: str, *, num_classes: int, input_shape: tuple[int, int, int
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     shape = _check_shape(input_shape)
-    allowed = model_options(name)
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise TypeError(
-            f"model {name!r} got unknown option(s) {unknown}; it accepts: "
-            f"{', '.join(allowed) or '(no options)'}"
-        )
+    reject_unknown_options(f"model {name!r}", options, model_options(name))
     return builder(num_classes=num_classes, input_shape=shape, **options)

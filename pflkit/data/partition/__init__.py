@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from pflkit.config import reject_unknown_options
+
 from ._common import as_splits
 from .class_dirichlet import class_dirichlet, class_dirichlet_proportions, nearest_tv, total_variation
 from .concept_drift import concept_drift, concept_drift_choices
@@ -71,12 +73,7 @@ def partition(scheme: str, labels, num_clients: int, *, seed: int, **options):
         raise ValueError(f"unknown partition scheme {scheme!r}; known: {sorted(PARTITIONS)}")
     fn = PARTITIONS[scheme]
     accepted = _keyword_options(fn)
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise TypeError(
-            f"partition scheme {scheme!r} has no option {unknown[0]!r}; "
-            f"it takes {sorted(accepted) or 'no options'}"
-        )
+    reject_unknown_options(f"partition scheme {scheme!r}", options, accepted)
     missing = sorted(n for n, p in accepted.items() if p.default is p.empty and n not in options)
     if missing:
         raise TypeError(f"partition scheme {scheme!r} needs option {missing[0]!r}")
