@@ -474,7 +474,7 @@ def check_given_data(cfg: ExperimentConfig, dataset, federation, engine: str) ->
     clients from ``[data]`` on the nodes)."""
     if engine == "flower":
         raise ConfigError("run_experiment: a dataset or federation object works with the pflkit engine only; "
-                          "the flower engine builds its clients from [data] (register_dataset the data instead)")
+                          "the flower engine's nodes build their clients from [data] themselves")
     if dataset is not None:
         try:
             check_dataset(dataset)
@@ -493,6 +493,24 @@ def check_given_data(cfg: ExperimentConfig, dataset, federation, engine: str) ->
             if federation.recipe.get(key, "label" if key == "task" else "none") != getattr(cfg.data, key):
                 raise ConfigError(f"data.{key}={getattr(cfg.data, key)!r}: the federation given was made with "
                                   f"{key}={federation.recipe.get(key)!r}")
+        check_given_splits(cfg, federation)
+
+
+def check_given_splits(cfg: ExperimentConfig, fed: Federation) -> None:
+    """Every client of a given federation has test samples, and validation samples when a stage trained on it
+    keeps its best state by a validation score (else that score would be NaN)."""
+    no_test = [c.id for c in fed.clients if c.num("test") == 0]
+    if no_test:
+        raise ConfigError(f"run_experiment(federation=...): clients {no_test[:5]} have no test samples; every "
+                          "client is tested")
+    no_val = [c.id for c in fed.clients if c.num("val") == 0]
+    own = [cfg.pretrain] if cfg.pretrain is not None and cfg.pretrain.data is None else []
+    for st in own + list(cfg.methods):
+        c = st.config
+        if no_val and getattr(c, "keep_best", False) and c.eval_every and c.select in ("val_acc", "val_loss"):
+            raise ConfigError(f"run_experiment(federation=...): clients {no_val[:5]} have no validation samples, but "
+                              f"stage {st.label!r} keeps its best state by {c.select}; give val index sets or set "
+                              "its keep_best = false")
 
 
 def check_federation_fits(federation: Federation | None, dataset) -> None:

@@ -211,13 +211,18 @@ def test_run_experiment_takes_a_dataset_object_and_its_federation(tmp_path):
     (["data.dataset=digits"], {}, "data.dataset='digits': the dataset given is 'mine'"),
     (["data.num_clients=4"], {}, "data.num_clients=4: the federation given has 3 clients"),
     (["data.task=superclass"], {}, "data.task='superclass'"),
-    ([], {"engine": "flower"}, "the flower engine builds its clients"),
+    ([], {"engine": "flower"}, "the flower engine's nodes build their clients"),
     ([], {"dataset": "mine"}, "run_experiment(dataset=...): dataset '?': a str"),
+    ([], {"federation": "fed"}, "run_experiment(federation=...): a str, not a Federation"),
+    ([], {"no_val": True}, "clients [0, 1, 2] have no validation samples, but stage 'FedAvg' keeps its best"),
+    ([], {"no_test": True}, "clients [1] have no test samples"),
 ])
 def test_a_given_dataset_or_federation_that_does_not_fit_fails_before_any_work(tmp_path, changes, kwargs, needle):
     ds = own_dataset(name="mine")
     train, val, test = index_sets()
-    fed = Federation.from_indices(ds, train, test, val)
+    if kwargs.pop("no_test", False):
+        test[1] = []
+    fed = Federation.from_indices(ds, train, test, None if kwargs.pop("no_val", False) else val)
     args = {"dataset": ds, "federation": fed, **kwargs}
     with pytest.raises(ConfigError) as e:
         run_experiment(resolve(spec("mine"), "smoke", changes), tmp_path / "run", progress=False, **args)
@@ -314,3 +319,22 @@ def test_a_diverged_method_is_marked_with_its_best_state_and_report_kept(tmp_pat
         out / "seed0" / "nan.final.pt")["state"]["weights"])}
     kept = load_final_states(out, "NaN")["state"]["weights"]
     assert all(bool(torch.isfinite(v).all()) for v in kept.values() if v.is_floating_point())
+
+
+# ------------------------------------------------------------------ 6. the README's example runs
+
+
+def test_the_readme_example_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"### Your own data\n.*?```python\n(.*?)```", text, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    try:
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the repository's own documentation
+    finally:
+        unregister_dataset("my_digits")
+    res = read_json(tmp_path / "runs" / "my_digits" / "results.json")
+    assert res["status"] == "ok" and res["federation"]["domain_names"] == ["scanner A", "scanner B"]
+    assert res["data"]["origin"] == "register_dataset" and res["config"]["data"]["dataset"] == "my_digits"
