@@ -44,7 +44,7 @@ from pflkit import kernels
 from pflkit.algorithms import get_algorithm
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
-from pflkit.data.datasets import check_dataset, dataset_digest, is_user_dataset, load_dataset
+from pflkit.data.datasets import DATASETS, check_dataset, dataset_digest, dataset_options, is_user_dataset, load_dataset
 from pflkit.data.provenance import weights_record
 from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.algorithm import Env
@@ -468,6 +468,20 @@ def federation_record(fed: Federation) -> dict:
             "sizes": {s: fed.sizes(s).tolist() for s in ("train", "val", "test")}}
 
 
+def check_data_setting(cfg: ExperimentConfig) -> None:
+    """``data.dataset`` is a registered name and ``data.options`` its options: one-line `ConfigError`s
+    before the output folder is touched (a dataset of one's own: `pflkit.data.register_dataset`)."""
+    d = cfg.data
+    if d.dataset not in DATASETS:
+        raise ConfigError(f"data.dataset={d.dataset!r}: unknown dataset; known: {', '.join(DATASETS)} (add your own "
+                          "with pflkit.data.register_dataset, or pass run_experiment(dataset=...))")
+    known = dataset_options(d.dataset)
+    for key, value in d.options.items():
+        if key not in known:
+            raise ConfigError(f"data.options.{key}={value!r}: not an option of dataset {d.dataset!r} "
+                              f"(its options: {', '.join(known) or 'none'})")
+
+
 def check_given_data(cfg: ExperimentConfig, dataset, federation, engine: str) -> None:
     """One-line `ConfigError`s, before any work, for a dataset or federation handed to `run_experiment`:
     its type, the config naming another dataset or client count, the Flower engine (which builds its
@@ -556,6 +570,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     given = dataset is not None
     if given or federation is not None:
         check_given_data(cfg, dataset, federation, engine)
+    if not given:
+        check_data_setting(cfg)
     with locked_folder(out), kernels.use_backend(cfg.kernels):
         remove_orphans(out)
         t0 = time.perf_counter()

@@ -118,6 +118,17 @@ def test_bad_registrations_are_one_line_errors(name, loader, error, needle):
     assert "own2" not in dataset_names()
 
 
+@pytest.mark.parametrize("changes, needle", [
+    (["data.dataset=nope"], "data.dataset='nope': unknown dataset; known: digits"),
+    (["data.options={ n = 10, size = 3 }"], "data.options.size=3: not an option of dataset 'own' (its options: n)"),
+])
+def test_an_unknown_dataset_or_option_fails_before_the_folder_is_touched(registered, tmp_path, changes, needle):
+    registered("own", lambda n=240: own_dataset(n))
+    with pytest.raises(ConfigError) as e:
+        run_experiment(resolve(spec(), "smoke", changes), tmp_path / "run", progress=False)
+    assert needle in str(e.value) and "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
 def test_a_name_is_registered_once_unless_replaced(registered):
     registered("own", own_dataset(20))
     with pytest.raises(ValueError, match="already registered; pass replace=True"):
@@ -234,7 +245,7 @@ def test_a_federation_over_other_data_is_refused(tmp_path):
     ds, small = own_dataset(name="mine"), own_dataset(200, name="mine")
     train, val, test = index_sets(200)
     fed = Federation.from_indices(small, train, test, val)
-    with pytest.raises(ConfigError, match="made over 'mine' with 200 samples, but the run's dataset is 'mine' with 240"):
+    with pytest.raises(ConfigError, match="made over 'mine' with 200 samples, but the run's dataset is 'mine' with 24"):
         run_experiment(resolve(spec("mine"), "smoke"), tmp_path / "run", dataset=ds, federation=fed, progress=False)
 
 

@@ -269,7 +269,8 @@ def _index_set(values, n: int, where: str) -> np.ndarray:
     if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{where}: expected a 1-D set of integer positions, got {a.dtype} of shape {a.shape}")
     if a.min() < 0 or a.max() >= n:
-        raise ValueError(f"{where}: positions must be in [0, {n}) (the pooled samples); got {int(a.min())}..{int(a.max())}")
+        raise ValueError(f"{where}: positions must be in [0, {n}) (the pooled samples); "
+                         f"got {int(a.min())}..{int(a.max())}")
     return a.astype(np.int64)
 
 
