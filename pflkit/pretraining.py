@@ -31,11 +31,12 @@ import torch
 
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, ImageFiles, offline
-from pflkit.data.datasets import load_dataset
+from pflkit.data.datasets import dataset_digest, is_user_dataset, load_dataset
 from pflkit.data.provenance import dataset_record, weights_record
 from pflkit.experiments import ExperimentConfig, PretrainStage
 from pflkit.fl.algorithm import Env
 from pflkit.fl.train import get_state, set_state
+from pflkit.io import load_torch
 from pflkit.models import build_model, head_param_names
 
 
@@ -158,9 +159,9 @@ def check_imagenet_weights(cfg: ExperimentConfig) -> None:
 
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:
-    """A state dict from ``path``, read with ``weights_only`` (no code in the file runs)."""
+    """A state dict from ``path``, read with ``weights_only`` (`pflkit.io.load_torch`: no code in the file runs)."""
     try:
-        state = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True)
+        state = load_torch(Path(path).expanduser())
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
         raise ConfigError(f"pretrain.weights={path!r}: not a readable weights file ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -208,6 +209,8 @@ def pretrain_provenance(cfg: ExperimentConfig, pre: Dataset | None) -> dict:
     if pre is not None:
         out["pretrain_data"] = {**dataset_record(pre), "source_split": st.data.source_split,
                                 "normalize": st.normalize, "mean": list(pre.meta.mean), "std": list(pre.meta.std)}
+        if is_user_dataset(pre.meta.name):  # no files need stand behind it: its arrays identify it
+            out["pretrain_data"].update(origin="register_dataset", arrays_sha256=dataset_digest(pre))
     files = []
     if st is not None and st.weights:
         files.append(weights_record(Path(st.weights).expanduser(), "pretrain.weights"))

@@ -44,13 +44,13 @@ from pflkit import kernels
 from pflkit.algorithms import get_algorithm
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
-from pflkit.data.datasets import load_dataset
+from pflkit.data.datasets import DATASETS, check_dataset, dataset_digest, dataset_options, is_user_dataset, load_dataset
 from pflkit.data.provenance import weights_record
 from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.algorithm import Env
 from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation, federation_for
-from pflkit.fl.loop import StageResult, run_rounds
+from pflkit.fl.loop import StageResult, nonfinite_paths, run_rounds
 from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, slug, write_json
 from pflkit.models import build_model
@@ -124,6 +124,14 @@ def _stage_record(result: StageResult) -> dict:
             "engine": getattr(result, "engine", "")}
 
 
+def keeps_a_state(result: StageResult) -> bool:
+    """True when a stage left a state worth keeping: it did not diverge, or it diverged after keep-best had
+    chosen a round whose server and client states are finite (`run_rounds` then returns those)."""
+    if result.status != "diverged":
+        return True
+    return result.best_round is not None and not nonfinite_paths((result.state, result.client_states))
+
+
 def train_locally(algo, cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None) -> StageResult:
     """The default engine: pflkit's own round loop."""
     return run_rounds(algo, cfg, fed, model, env, checkpoint=checkpoint, resume=resume, desc=desc)
@@ -139,11 +147,12 @@ def final_states_path(run_dir, label: str, seed: int = 0) -> Path:
 
 def keeping_states(train):
     """``train`` (an engine that trains one stage) that also saves the stage's final server state and
-    client states, weights-only, as ``<stage>.final.pt`` beside its checkpoint (not for a diverged stage):
-    figures and analyses then read the trained states instead of training again."""
+    client states, weights-only, as ``<stage>.final.pt`` beside its checkpoint (a diverged stage: keep-best's
+    states, when it had chosen a round, `keeps_a_state`): figures and analyses then read the trained states
+    instead of training again."""
     def run(algo, cfg, fed, model, env, *, checkpoint=None, **kwargs):
         result = train(algo, cfg, fed, model, env, checkpoint=checkpoint, **kwargs)
-        if checkpoint is not None and result.status != "diverged":
+        if checkpoint is not None and keeps_a_state(result):
             path = Path(checkpoint).with_suffix(FINAL_STATES)
             save_torch(path, {"state": result.state, "client_states": result.client_states})
         return result
@@ -170,7 +179,7 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     result = train(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
                    resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None, label=stage.label)
     record = _stage_record(result)
-    if algo.report is not None and result.status != "diverged" and result.client_states is not None:
+    if algo.report is not None and keeps_a_state(result) and result.client_states is not None:
         write_json(seed_dir / f"{slug(stage.label)}.report.json",
                    algo.report(result.state, fed, stage.config, env, result.client_states))
     if algo.exports_global and result.status != "diverged":
@@ -262,15 +271,17 @@ def run_pretrain(cfg: ExperimentConfig, fed: Federation, env: Env, pre: Dataset 
 
 
 def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool, progress: bool,
-             train=train_locally, pre: Dataset | None = None, engine: str = "sequential"):
+             train=train_locally, pre: Dataset | None = None, engine: str = "sequential",
+             federation: Federation | None = None):
     """All stages of one seed; returns ({label: stage record}, {"seen": ids, "unseen": ids}).
 
     ``pre``: the pretraining stage's own dataset (`load_pretrain_data`), when it has one.
     ``engine``: how the round loop runs client updates (`pflkit.fl.engines`; not the numbers).
+    ``federation``: the caller's own clients (`Federation.from_indices`), the same for every seed.
     """
     seed_dir = out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
-    fed = build_seed_federation(cfg, dataset, seed)
+    fed = federation.rebind(dataset) if federation is not None else build_seed_federation(cfg, dataset, seed)
     check_client_splits(fed, cfg)
     fed.save(seed_dir / "federation.npz")
     env = make_env(cfg, fed, seed, engine)
@@ -362,17 +373,27 @@ RUN_FILE = "run.json"
 NOT_FINGERPRINTED = ("seeds", "published", "published_detail", "title", "device", "kernels", "deviations")
 
 
-def fingerprint(cfg: ExperimentConfig, dataset, pre=None) -> dict:
+def fingerprint(cfg: ExperimentConfig, dataset, pre=None, *, given: bool = False,
+                federation: Federation | None = None) -> dict:
     """What a run's numbers depend on: the resolved config (less `NOT_FINGERPRINTED`), the data read,
-    the pretraining stage's own data (``pre``) and its ``weights`` file, when it has them."""
+    the pretraining stage's own data (``pre``) and its ``weights`` file, when it has them.
+
+    A dataset of one's own (``given`` to `run_experiment`, or registered with
+    `pflkit.data.register_dataset`) may have no files: its arrays' sha256 (`dataset_digest`) is
+    part of it too, so is a ``federation`` of one's own (its index sets' sha256)."""
     config = {k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}
 
     def files(ds):
         return [{"bytes": f["bytes"], "sha256": f["sha256"]} for f in data_files(ds)]
 
-    fp = {"config": config, "data": {"name": dataset.meta.name, "files": files(dataset)}}
+    def data(ds, user: bool):
+        return {"name": ds.meta.name, "files": files(ds), **({"arrays_sha256": dataset_digest(ds)} if user else {})}
+
+    fp = {"config": config, "data": data(dataset, given or is_user_dataset(dataset.meta.name))}
     if pre is not None:
-        fp["pretrain_data"] = {"name": pre.meta.name, "files": files(pre)}
+        fp["pretrain_data"] = data(pre, is_user_dataset(pre.meta.name))
+    if federation is not None:
+        fp["federation"] = {"given": True, "indices_sha256": federation.digest()}
     if cfg.pretrain is not None and cfg.pretrain.weights:
         rec = weights_record(Path(cfg.pretrain.weights).expanduser(), "pretrain.weights")
         fp["pretrain_weights"] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
@@ -443,9 +464,96 @@ def prepare_folder(out: Path, fp: dict, *, resume: bool, overwrite: bool) -> Non
     write_json(run_file, {"fingerprint": fp, "hash": fingerprint_hash(fp)})
 
 
+def user_data_record(dataset, fp: dict, given: bool) -> dict:
+    """results.json's ``data`` entries on a dataset of one's own: where it came from, its sample counts and
+    the sha256 of its arrays (its ``files`` may be empty: then the arrays are all that identify it)."""
+    if "arrays_sha256" not in fp["data"]:
+        return {}
+    origin = "run_experiment(dataset=...)" if given else "register_dataset"
+    return {"origin": origin, "arrays_sha256": fp["data"]["arrays_sha256"],
+            "samples": {"train": len(dataset.y_train), "test": len(dataset.y_test)}}
+
+
+def federation_record(fed: Federation) -> dict:
+    """results.json's ``federation`` of a run given its clients (`Federation.from_indices`)."""
+    keys = ("scheme", "num_clients", "unseen", "task", "augment", "domains", "domain_names")
+    return {"given": True, **{k: fed.recipe.get(k) for k in keys}, "indices_sha256": fed.digest(),
+            "sizes": {s: fed.sizes(s).tolist() for s in ("train", "val", "test")}}
+
+
+def check_data_setting(cfg: ExperimentConfig) -> None:
+    """``data.dataset`` is a registered name and ``data.options`` its options: one-line `ConfigError`s
+    before the output folder is touched (a dataset of one's own: `pflkit.data.register_dataset`)."""
+    d = cfg.data
+    if d.dataset not in DATASETS:
+        raise ConfigError(f"data.dataset={d.dataset!r}: unknown dataset; known: {', '.join(DATASETS)} (add your own "
+                          "with pflkit.data.register_dataset, or pass run_experiment(dataset=...))")
+    known = dataset_options(d.dataset)
+    for key, value in d.options.items():
+        if key not in known:
+            raise ConfigError(f"data.options.{key}={value!r}: not an option of dataset {d.dataset!r} "
+                              f"(its options: {', '.join(known) or 'none'})")
+
+
+def check_given_data(cfg: ExperimentConfig, dataset, federation, engine: str) -> None:
+    """One-line `ConfigError`s, before any work, for a dataset or federation handed to `run_experiment`:
+    its type, the config naming another dataset or client count, the Flower engine (which builds its
+    clients from ``[data]`` on the nodes)."""
+    if engine == "flower":
+        raise ConfigError("run_experiment: a dataset or federation object works with the pflkit engine only; "
+                          "the flower engine's nodes build their clients from [data] themselves")
+    if dataset is not None:
+        try:
+            check_dataset(dataset)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"run_experiment(dataset=...): {e}") from None
+        if dataset.meta.name != cfg.data.dataset or cfg.data.options:
+            raise ConfigError(f"data.dataset={cfg.data.dataset!r}: the dataset given is {dataset.meta.name!r}; set "
+                              f"data.dataset = {dataset.meta.name!r} and no data.options")
+    if federation is not None:
+        if not isinstance(federation, Federation):
+            raise ConfigError(f"run_experiment(federation=...): a {type(federation).__name__}, not a Federation")
+        if federation.num_clients != cfg.data.num_clients:
+            raise ConfigError(f"data.num_clients={cfg.data.num_clients}: the federation given has "
+                              f"{federation.num_clients} clients")
+        for key in ("task", "augment"):
+            if federation.recipe.get(key, "label" if key == "task" else "none") != getattr(cfg.data, key):
+                raise ConfigError(f"data.{key}={getattr(cfg.data, key)!r}: the federation given was made with "
+                                  f"{key}={federation.recipe.get(key)!r}")
+        check_given_splits(cfg, federation)
+
+
+def check_given_splits(cfg: ExperimentConfig, fed: Federation) -> None:
+    """Every client of a given federation has test samples, and validation samples when a stage trained on it
+    keeps its best state by a validation score (else that score would be NaN)."""
+    no_test = [c.id for c in fed.clients if c.num("test") == 0]
+    if no_test:
+        raise ConfigError(f"run_experiment(federation=...): clients {no_test[:5]} have no test samples; every "
+                          "client is tested")
+    no_val = [c.id for c in fed.clients if c.num("val") == 0]
+    own = [cfg.pretrain] if cfg.pretrain is not None and cfg.pretrain.data is None else []
+    for st in own + list(cfg.methods):
+        c = st.config
+        if no_val and getattr(c, "keep_best", False) and c.eval_every and c.select in ("val_acc", "val_loss"):
+            raise ConfigError(f"run_experiment(federation=...): clients {no_val[:5]} have no validation samples, but "
+                              f"stage {st.label!r} keeps its best state by {c.select}; give val index sets or set "
+                              "its keep_best = false")
+
+
+def check_federation_fits(federation: Federation | None, dataset) -> None:
+    """The federation given was made over this dataset: the same name and number of pooled samples."""
+    if federation is None:
+        return
+    n = len(dataset.y_train) + len(dataset.y_test)
+    if federation.recipe.get("dataset") != dataset.meta.name or len(federation.y) != n:
+        raise ConfigError(f"run_experiment(federation=...): made over {federation.recipe.get('dataset')!r} with "
+                          f"{len(federation.y)} samples, but the run's dataset is {dataset.meta.name!r} with {n}")
+
+
 def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, download: bool = False,
                    resume: bool = False, overwrite: bool = False, progress: bool = True, train=train_locally,
-                   engine: str = "auto", keep_states: bool = False) -> dict:
+                   engine: str = "auto", keep_states: bool = False, dataset: Dataset | None = None,
+                   federation: Federation | None = None) -> dict:
     """Run every seed of ``cfg`` into ``out`` and write ``out/results.json`` (atomically).
 
     ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
@@ -456,6 +564,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     requested engine and the one each stage used. ``download`` lets a missing dataset be
     downloaded into the cache. ``keep_states`` keeps each stage's final server and client states
     (`keeping_states`, `load_final_states`); it does not change the numbers either.
+    Data of one's own: ``dataset`` (a `Dataset`, named by ``data.dataset``; or register it with
+    `pflkit.data.register_dataset`) replaces loading ``data.dataset``, and ``federation``
+    (`Federation.from_indices` over that dataset, ``data.num_clients`` clients) replaces the
+    partition of ``[data]`` for every seed; results.json's ``data`` and ``federation`` say so.
     ``out`` is locked while the run lasts; a folder holding an earlier run needs ``resume``
     (same settings, checked) or ``overwrite``. Returns the results dict (keys: config, engine,
     status, methods, rounds, timing, version, environment, data).
@@ -468,6 +580,11 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
         train = keeping_states(train)
     if engine != "flower":
         check_engine(engine)  # a one-line error before any work
+    given = dataset is not None
+    if given or federation is not None:
+        check_given_data(cfg, dataset, federation, engine)
+    if not given:
+        check_data_setting(cfg)
     with locked_folder(out), kernels.use_backend(cfg.kernels):
         remove_orphans(out)
         t0 = time.perf_counter()
@@ -479,17 +596,19 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
             raise ConfigError(f"methods.{own[0]}: the {engine} engine cannot train a method on a client group, "
                               "with its own model or from another method yet; run it with the pflkit engine")
         check_imagenet_weights(cfg)  # a missing ImageNet file fails here, before any data is read
-        dataset = load_dataset(cfg.data.dataset, data_root, download=download, **cfg.data.options)
+        if not given:
+            dataset = load_dataset(cfg.data.dataset, data_root, download=download, **cfg.data.options)
+        check_federation_fits(federation, dataset)
         pre = load_pretrain_data(cfg, data_root, download, load=load_dataset)
         t_data = time.perf_counter() - t0
         check_pretrain_fits(cfg, dataset, pre)
-        fp = fingerprint(cfg, dataset, pre)
+        fp = fingerprint(cfg, dataset, pre, given=given, federation=federation)
         prepare_folder(out, fp, resume=resume, overwrite=overwrite)
         environment = device_info(cfg)
         seeds = [cfg.seed + k for k in range(cfg.seeds)]
         used = client_data(cfg, dataset, pre)
         loop_engine = "sequential" if engine == "flower" else engine  # the loop's evaluation-only stages
-        runs = {s: run_seed(cfg, used, s, out, resume, progress, train, pre, loop_engine) for s in seeds}
+        runs = {s: run_seed(cfg, used, s, out, resume, progress, train, pre, loop_engine, federation) for s in seeds}
         results = _results(cfg, runs, seeds, engine)
         environment.update(engine_info(engine, runs))
         stage_seconds = sum(v for st in results["timing"]["stages"].values() for v in st.values())
@@ -497,7 +616,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
                                   "wall_seconds": time.perf_counter() - t0})
         results.update({"environment": environment,
                         "data": {"name": dataset.meta.name, "source": dataset.meta.source,
-                                 "files": data_files(dataset), "fingerprint": fingerprint_hash(fp)}})
+                                 "files": data_files(dataset), "fingerprint": fingerprint_hash(fp),
+                                 **user_data_record(dataset, fp, given)}})
+        if federation is not None:
+            results["federation"] = federation_record(federation)
         results.update(pretrain_provenance(cfg, pre))
         write_json(out / "results.json", results)
     return results

@@ -10,15 +10,28 @@ returns, without training anything themselves.
 The runner itself trains a method on part of the federation when the experiment file says so
 (`pflkit.experiments.MethodStage`: ``clients``, ``model``, ``start_from``): `method_setting` gives
 the federation and the experiment that method sees.
+
+Without any experiment file: `env_for_model` makes the run context (`Env`) from a model factory
+or a model name, and `train_algorithm` trains one algorithm with the given settings, e.g. on a
+federation of one's own (`pflkit.fl.federation.Federation.from_indices`).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
+
+import torch
 
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms import pfedhn
+from pflkit.config import ConfigError, one_of
+from pflkit.experiments import check_device, check_kernels
+from pflkit.fl.algorithm import Algorithm, Env
+from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, run_rounds
+from pflkit.models import build_model
+from pflkit.runner import initial_model, resolve_device
 
 
 def client_subset(fed: Federation, ids) -> Federation:
@@ -79,3 +92,49 @@ def fit_novel_clients(trained: StageResult, novel: Federation, cfg, env, *, roun
     if rounds is not None:
         cfg = dataclasses.replace(cfg, novel_fit="rounds", novel_rounds=rounds)
     return pfedhn.fit_novel_clients(trained.state, novel, cfg, env, init=init)
+
+
+def env_for_model(model: str | Callable[[], torch.nn.Module], fed: Federation | None = None, *, seed: int = 0,
+                  device: str = "auto", kernels: str = "auto", engine: str = "sequential", **options) -> Env:
+    """A run context without an experiment config.
+
+    Args:
+        model: a function building a fresh module (random init), or a name of `pflkit.models`
+            built for ``fed``'s classes and input shape with ``options``.
+        fed: the federation a named model is built for (not needed with a function).
+        seed, device, kernels, engine: as an experiment's (``device="auto"``: CUDA when present).
+
+    The settings are checked first (one-line `ConfigError`s); a function is called once, under a
+    forked RNG, to check that it builds a module.
+    """
+    check_device(device)
+    one_of("kernels", kernels, {"auto", "triton", "reference"})
+    check_kernels(kernels, device)
+    check_engine(engine)
+    if isinstance(model, str):
+        if fed is None:
+            raise ConfigError(f"model={model!r}: a named model needs the federation it is built for (fed=...)")
+        name, shape = model, tuple(fed.x.shape[1:])
+
+        def model_fn():
+            return build_model(name, num_classes=fed.num_classes, input_shape=shape, **options)
+    elif callable(model):
+        if options:
+            raise ConfigError(f"{sorted(options)[0]}: model options go with a model name, not a model function")
+        model_fn = model
+    else:
+        raise ConfigError(f"model={model!r}: a model name or a function returning a torch.nn.Module")
+    with torch.random.fork_rng(devices=[]):
+        built = model_fn()
+    if not isinstance(built, torch.nn.Module):
+        raise ConfigError(f"model: the model function returned a {type(built).__name__}, not a torch.nn.Module")
+    return Env(model_fn=model_fn, device=resolve_device(device), seed=seed, kernels=kernels, engine=engine)
+
+
+def train_algorithm(algorithm: str | Algorithm, fed: Federation, env: Env, *, model: torch.nn.Module | None = None,
+                    desc: str | None = None, **settings) -> StageResult:
+    """Train and test one algorithm on ``fed`` without an experiment file: ``settings`` are its config's
+    fields (checked first), ``model`` the start (default: ``env``'s seeded initial model, as the runner's)."""
+    algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
+    cfg = algo.make_config(settings)
+    return run_rounds(algo, cfg, fed, model if model is not None else initial_model(env), env, desc=desc)

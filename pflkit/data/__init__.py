@@ -1,6 +1,7 @@
-"""Datasets (`load_dataset`), containers and partition schemes."""
+"""Datasets (`load_dataset`, `register_dataset` for one's own), containers and partition schemes."""
 from pflkit.data.base import Dataset, DatasetMeta, DatasetNotFoundError, ImageFiles, to_float
-from pflkit.data.datasets import DATASETS, dataset_names, load_dataset
+from pflkit.data.datasets import (DATASETS, check_dataset, dataset_digest, dataset_names, load_dataset,
+                                  register_dataset, unregister_dataset)
 
-__all__ = ["DATASETS", "Dataset", "DatasetMeta", "DatasetNotFoundError", "ImageFiles", "dataset_names",
-           "load_dataset", "to_float"]
+__all__ = ["DATASETS", "Dataset", "DatasetMeta", "DatasetNotFoundError", "ImageFiles", "check_dataset",
+           "dataset_digest", "dataset_names", "load_dataset", "register_dataset", "to_float", "unregister_dataset"]

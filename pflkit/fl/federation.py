@@ -12,9 +12,13 @@ ways to give every client its splits:
 
 Clients keep index arrays into the pooled tensors (no copies). The federation is
 saved with a run (`save` / `load`) so every method sees exactly the same split.
+
+A federation of one's own (`Federation.from_indices`) takes each client's index sets
+and, optionally, domain labels as given, with no partition scheme at all.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -156,6 +160,71 @@ class Federation:
         clients = [Client(i, x, y, parts[i], meta, infos[i], recipe.get("augment", "none")) for i in range(n)]
         return cls(meta, x, y, clients, recipe)
 
+    @classmethod
+    def from_indices(cls, dataset: Dataset, train, test, val=None, *, domains=None, unseen=(),
+                     task: str = "label", augment: str = "none") -> "Federation":
+        """A federation of one's own: client ``i`` gets exactly ``train[i]``, ``val[i]`` and ``test[i]``.
+
+        Indices are positions in the pooled samples, the dataset's train split then its test
+        split (test sample ``j`` is ``len(dataset.y_train) + j``); a dataset with everything in
+        its train split has plain positions. No sample may appear twice in one client (within
+        or across its splits); clients may share samples.
+
+        Args:
+            dataset: the data the indices point into.
+            train, test: one integer index set per client; every training set non-empty.
+            val: one index set per client, or None (no validation split: then stages that keep
+                their best state by validation need ``keep_best = false``).
+            domains: one label per client (ints >= 0 or strings), recorded as each client's
+                ``info["domain"]`` (`group_of_clients("domain")`) and in the recipe.
+            unseen: ids of clients that never train and are only tested (FedL2P sec. 4.3).
+            task: ``"label"`` or ``"superclass"``; augment: training batch augmentation.
+
+        Raises:
+            ValueError: one line naming the client and split of a bad index set, or the bad argument.
+        """
+        from pflkit.data.transforms import AUGMENTS
+
+        if augment not in AUGMENTS:
+            raise ValueError(f"augment={augment!r}: use one of {', '.join(AUGMENTS)}")
+        meta, x, y = _pool(dataset, task)
+        sets = _client_index_sets(train, test, val, len(y))
+        ids, names = _domain_ids(domains, len(sets))
+        unseen = _unseen_ids(unseen, len(sets))
+        groups = _groups(dataset)
+        clients = []
+        for i, s in enumerate(sets):
+            everything = np.concatenate(list(s.values()))
+            info = {"num_train": int(len(s["train"])), **{k: _majority(g[everything]) for k, g in groups.items()}}
+            if ids is not None:
+                info["domain"] = ids[i]
+            info["pool"] = "unseen" if i in unseen else "seen"
+            clients.append(Client(i, x, y, s, meta, info, augment))
+        recipe = {"unseen": unseen, "dataset": dataset.name, "scheme": "given", "num_clients": len(sets),
+                  "split": "given", "task": task, "augment": augment, "domains": ids, "domain_names": names}
+        fed = cls(meta, x, y, clients, recipe)
+        fed.recipe["indices_sha256"] = fed.digest()
+        return fed
+
+    def digest(self) -> str:
+        """sha256 of every client's index sets (in client and split order): equal digests, equal splits."""
+        h = hashlib.sha256()
+        for c in self.clients:
+            for s in SPLITS:
+                idx = np.ascontiguousarray(c.splits[s], dtype=np.int64)
+                h.update(f"{c.id}/{s}/{len(idx)}:".encode())
+                h.update(idx.tobytes())
+        return h.hexdigest()
+
+    def rebind(self, dataset: Dataset) -> "Federation":
+        """The same clients (index sets, info, recipe) over ``dataset``: the same samples, e.g. normalized
+        with other statistics (`pflkit.pretraining.client_data`). The pooled sizes must agree."""
+        meta, x, y = _pool(dataset, self.recipe.get("task", "label"))
+        if len(y) != len(self.y):
+            raise ValueError(f"the federation holds {len(self.y)} pooled samples, dataset {dataset.name!r} {len(y)}")
+        clients = [Client(c.id, x, y, c.splits, meta, dict(c.info), c.augment) for c in self.clients]
+        return Federation(meta, x, y, clients, dict(self.recipe))
+
 
 def _pool(dataset: Dataset, task: str):
     """Pooled inputs and task labels (train first, then test)."""
@@ -170,6 +239,63 @@ def _pool(dataset: Dataset, task: str):
     elif task != "label":
         raise ValueError(f"task={task!r}: use 'label' or 'superclass'")
     return meta, _concat(dataset.x_train, dataset.x_test), y
+
+
+def _client_index_sets(train, test, val, n: int) -> list[dict[str, np.ndarray]]:
+    """Checked per-client ``{"train", "val", "test"}`` int64 index arrays (`Federation.from_indices`)."""
+    given = {"train": train, "test": test, "val": val}
+    counts = {k: len(v) for k, v in given.items() if v is not None}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"one index set per client in each split: got {counts}")
+    if counts["train"] == 0:
+        raise ValueError("no clients: train and test need one index set per client")
+    out = []
+    for i in range(counts["train"]):
+        s = {k: _index_set(given[k][i] if given[k] is not None else [], n, f"client {i} {k}") for k in SPLITS}
+        if len(s["train"]) == 0:
+            raise ValueError(f"client {i} train: empty; every client needs training samples")
+        values, times = np.unique(np.concatenate(list(s.values())), return_counts=True)
+        if (times > 1).any():
+            raise ValueError(f"client {i}: samples {values[times > 1][:5].tolist()} appear twice in its index sets")
+        out.append(s)
+    return out
+
+
+def _index_set(values, n: int, where: str) -> np.ndarray:
+    """One index set as a 1-D int64 array of positions in ``[0, n)``."""
+    a = np.asarray(values.cpu() if isinstance(values, torch.Tensor) else values)
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{where}: expected a 1-D set of integer positions, got {a.dtype} of shape {a.shape}")
+    if a.min() < 0 or a.max() >= n:
+        raise ValueError(f"{where}: positions must be in [0, {n}) (the pooled samples); "
+                         f"got {int(a.min())}..{int(a.max())}")
+    return a.astype(np.int64)
+
+
+def _domain_ids(domains, num_clients: int) -> tuple[list[int] | None, list[str] | None]:
+    """(an id per client, the names of string labels in order of first appearance) of ``domains``."""
+    if domains is None:
+        return None, None
+    domains = list(domains)
+    if len(domains) != num_clients:
+        raise ValueError(f"domains: {len(domains)} labels for {num_clients} clients")
+    if all(isinstance(d, str) for d in domains):
+        names = list(dict.fromkeys(domains))
+        return [names.index(d) for d in domains], names
+    if all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in domains):
+        return [int(d) for d in domains], None
+    raise ValueError(f"domains: use integers >= 0 or strings, one per client; got {domains[:5]}")
+
+
+def _unseen_ids(unseen, num_clients: int) -> list[int]:
+    ids = sorted({int(c) for c in unseen})
+    if ids and (ids[0] < 0 or ids[-1] >= num_clients):
+        raise ValueError(f"unseen: client ids must be in [0, {num_clients}); got {ids}")
+    if len(ids) == num_clients:
+        raise ValueError("unseen: every client is unseen; at least one must train")
+    return ids
 
 
 def _groups(dataset: Dataset) -> dict[str, np.ndarray]:

@@ -293,8 +293,8 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
                                         "config": to_dict(cfg), "seconds": time.perf_counter() - t0})
     except Diverged as e:
         log.warning("%s diverged: %s", algo.name, e)
-        return StageResult("diverged", state, transport.client_states(), history, seconds=time.perf_counter() - t0,
-                           error=str(e), engine=_engines(used))
+        return _diverged(e, state, best if cfg.keep_best else None, transport, history, time.perf_counter() - t0,
+                         _engines(used))
     finally:
         bar.close()
     at_best = cfg.keep_best and best is not None
@@ -316,3 +316,12 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
 
 def _engines(used: set) -> str:
     return "+".join(sorted(u for u in used if u))
+
+
+def _diverged(error: Diverged, state, best, transport: Transport, history: list[dict], seconds: float,
+              engine: str) -> StageResult:
+    """The result of a stage that diverged in its rounds: keep-best's state and client states when it had
+    chosen a round (``best_round``), else the last state reached; ``diverged`` either way, no client tested."""
+    kept = best is not None
+    return StageResult("diverged", best[2] if kept else state, transport.client_states(kept), history,
+                       best_round=best[1] if kept else None, seconds=seconds, error=str(error), engine=engine)
