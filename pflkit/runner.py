@@ -26,6 +26,7 @@ started from; a method is ``ok`` only when every client has a finite test accura
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -56,7 +57,6 @@ from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save
 from pflkit.models import build_model
 from pflkit.pretraining import (carry_weights, check_imagenet_weights, check_pretrain_fits, client_data,
                                 load_pretrain_data, load_start_weights, pretrain_provenance)
-from pflkit.stages import method_setting
 
 log = logging.getLogger(__name__)
 
@@ -294,8 +294,22 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
     return records, {"seen": fed.seen_ids, "unseen": fed.unseen_ids}
 
 
+def method_setting(exp, stage, fed: Federation):
+    """(federation, experiment) that method ``stage`` trains in: its client group of ``fed`` (`Federation.subset`)
+    and ``exp`` with its model options, or ``fed`` and ``exp`` themselves (the same objects) when it has none.
+
+    pFedHN Table 2 (sec. 5.2, App. B): each baseline is trained on one budget group with that group's LeNet.
+    """
+    clients, options = getattr(stage, "clients", None), getattr(stage, "model", None) or {}
+    if clients is not None:
+        fed = fed.subset(clients.ids(fed.num_clients))
+    if options:
+        exp = dataclasses.replace(exp, model=dataclasses.replace(exp.model, options={**exp.model.options, **options}))
+    return fed, exp
+
+
 def _run_method(cfg, stage, fed, env, pretrained, seed_dir: Path, resume: bool, progress: bool, train) -> dict:
-    """One method of a seed, in its own setting (`pflkit.stages.method_setting`: its client group and
+    """One method of a seed, in its own setting (`method_setting`: its client group and
     model options, if the file gives them), from a fresh model, the pretrained one or the global model
     of the earlier method it names in ``start_from``."""
     fed_m, cfg_m = method_setting(cfg, stage, fed)

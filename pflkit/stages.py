@@ -8,8 +8,8 @@ federation, and returns its `StageResult`. The analyses of `pflkit.analysis` the
 returns, without training anything themselves.
 
 The runner itself trains a method on part of the federation when the experiment file says so
-(`pflkit.experiments.MethodStage`: ``clients``, ``model``, ``start_from``): `method_setting` gives
-the federation and the experiment that method sees.
+(`pflkit.experiments.MethodStage`: ``clients``, ``model``, ``start_from``): `pflkit.runner.method_setting`
+gives the federation and the experiment that method sees.
 
 Without any experiment file: `env_for_model` makes the run context (`Env`) from a model factory
 or a model name, and `train_algorithm` trains one algorithm with the given settings, e.g. on a
@@ -32,31 +32,6 @@ from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.models import build_model
 from pflkit.runner import initial_model, resolve_device
-
-
-def client_subset(fed: Federation, ids) -> Federation:
-    """The clients ``ids`` of ``fed`` as a federation of their own, renumbered 0..len(ids)-1 in that order
-    (the recipe records ``subset``: the original ids). Same as `pflkit.analysis.pfedhn.subfederation`,
-    which the analyses keep because they may not import this module."""
-    ids = [int(i) for i in ids]
-    if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= fed.num_clients:
-        raise ValueError(f"ids must be distinct client ids in [0, {fed.num_clients}), got {ids[:10]}")
-    clients = [dataclasses.replace(fed.clients[i], id=j) for j, i in enumerate(ids)]
-    return Federation(fed.meta, fed.x, fed.y, clients, {**fed.recipe, "subset": ids})
-
-
-def method_setting(exp, stage, fed: Federation):
-    """(federation, experiment) that method ``stage`` trains in: its client group of ``fed`` (`client_subset`)
-    and ``exp`` with its model options, or ``fed`` and ``exp`` themselves (the same objects) when it has none.
-
-    pFedHN Table 2 (sec. 5.2, App. B): each baseline is trained on one budget group with that group's LeNet.
-    """
-    clients, options = getattr(stage, "clients", None), getattr(stage, "model", None) or {}
-    if clients is not None:
-        fed = client_subset(fed, clients.ids(fed.num_clients))
-    if options:
-        exp = dataclasses.replace(exp, model=dataclasses.replace(exp.model, options={**exp.model.options, **options}))
-    return fed, exp
 
 
 def method_config(exp, label: str, **changes):

@@ -77,3 +77,26 @@ def test_imports_run_one_way():
     found = crossings()
     assert found - PENDING == set(), f"imports against the direction: {sorted(found - PENDING)}"
     assert PENDING - found == set(), f"fixed, remove from PENDING: {sorted(PENDING - found)}"
+
+
+def test_no_module_level_import_cycle():
+    """Every pflkit module imports in a fresh interpreter. A cycle of module-level imports
+    (``from X import name`` both ways) fails whichever of its modules is imported first, so one
+    process importing them all finds it; a missing optional dependency (Flower, Triton) is not a cycle."""
+    import subprocess
+    import sys
+
+    root = Path(pflkit.__file__).parent
+    names = sorted(".".join(("pflkit", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+                   for p in root.rglob("*.py"))
+    script = ("import importlib, sys\n"
+              "for n in sys.argv[1:]:\n"
+              "    try:\n"
+              "        importlib.import_module(n)\n"
+              "    except ModuleNotFoundError as e:\n"
+              "        if (e.name or '').startswith('pflkit'):\n"
+              "            print(n, repr(e))\n"
+              "    except ImportError as e:\n"
+              "        print(n, repr(e))\n")
+    out = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr[-2000:]

@@ -158,12 +158,13 @@ def grouped_run(tmp_path_factory):
 
 def test_a_grouped_method_is_the_method_trained_on_its_group(grouped_run):
     """The runner's per-group stage gives exactly what training that method on the group's own federation
-    (`pflkit.stages.client_subset`, the group's model) gives; LG-FedAvg starts from that FedAvg's weights."""
+    (`Federation.subset`, the group's model) gives; LG-FedAvg starts from that FedAvg's weights."""
     from pflkit.data.datasets import load_dataset
     from pflkit.fl.federation import Federation
     from pflkit.fl.train import set_state
     from pflkit.runner import initial_model, make_env
-    from pflkit.stages import client_subset, method_setting, train_method
+    from pflkit.runner import method_setting
+    from pflkit.stages import train_method
 
     cfg, out, results = grouped_run
     assert results["status"] == "ok"
@@ -174,7 +175,7 @@ def test_a_grouped_method_is_the_method_trained_on_its_group(grouped_run):
     sub, exp = method_setting(cfg, cfg.methods[1], fed)
     assert sub.num_clients == 3 and sub.recipe["subset"] == [0, 1, 2] and exp.model.options == {"hidden": 8}
     assert [c.splits["test"].tolist() for c in sub.clients] == [
-        c.splits["test"].tolist() for c in client_subset(fed, [0, 1, 2]).clients]
+        c.splits["test"].tolist() for c in fed.subset([0, 1, 2]).clients]
     env = make_env(exp, sub, 0)
     by_hand = train_method(exp, "fedavg0", sub, env)
     assert [100 * by_hand.per_client[i]["acc"] for i in range(3)] == pytest.approx(fedavg0["per_client"][0])

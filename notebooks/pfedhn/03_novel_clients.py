@@ -83,7 +83,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from pflkit.analysis.pfedhn import novel_tv, subfederation
+from pflkit.analysis.pfedhn import novel_tv
 from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import summarize
 from pflkit.notebooks import setup
@@ -99,7 +99,7 @@ alphas = np.asarray(exp.data.partition["alpha"])
 num_novel = max(3, len(alphas) // 10)  # the last 10 of 100 clients (smoke: 3 of 10) are novel
 fed = federation_for(exp.data, session.load(exp.data.dataset, **exp.data.options), exp.seed)
 n = fed.num_clients
-train_fed, novel_fed = subfederation(fed, range(n - num_novel)), subfederation(fed, range(n - num_novel, n))
+train_fed, novel_fed = fed.subset(range(n - num_novel)), fed.subset(range(n - num_novel, n))
 print(f"{data_label}: {n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel clients, "
       f"alpha {alphas[n - num_novel:]}")
 

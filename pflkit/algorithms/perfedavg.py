@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
@@ -29,6 +28,7 @@ from pflkit.algorithms.fedavg import FEDAVG
 from pflkit.config import one_of, positive, require
 from pflkit.fl.algorithm import FLConfig, Update, replace
 from pflkit.fl.train import check_finite, evaluate_model, local_sgd, set_state
+from pflkit.meta.hypergrad import maml_direction
 
 
 @dataclass(frozen=True)
@@ -60,42 +60,23 @@ class PerFedAvgHFConfig(PerFedAvgConfig):
     variant: str = "hf"
 
 
-def _loss(model, params, buffers, batch):
+def _loss_on(model, names, buffers, batch):
+    """``theta -> `` the cross-entropy of ``model`` with parameters ``theta`` (in ``names`` order) on ``batch``."""
     xb, yb = batch
-    return F.cross_entropy(functional_call(model, (params, buffers), (xb,)), yb)
 
-
-def _grad(model, params, buffers, batch, create_graph=False):
-    leaves = {k: v if v.requires_grad else v.detach().requires_grad_() for k, v in params.items()}
-    loss = _loss(model, leaves, buffers, batch)
-    grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=create_graph)
-    return dict(zip(leaves, grads)), loss, leaves
-
-
-def hessian_vector(model, params, buffers, batch, vec, *, how: str, delta: float):
-    """H(w; batch) @ vec, by central differences of gradients or by double backprop."""
-    if how == "exact":
-        grads, _, leaves = _grad(model, params, buffers, batch, create_graph=True)
-        dot = sum((grads[k] * vec[k]).sum() for k in grads)
-        return dict(zip(leaves, torch.autograd.grad(dot, list(leaves.values()))))
-    plus = {k: p.detach() + delta * vec[k] for k, p in params.items()}
-    minus = {k: p.detach() - delta * vec[k] for k, p in params.items()}
-    g_plus, _, _ = _grad(model, plus, buffers, batch)
-    g_minus, _, _ = _grad(model, minus, buffers, batch)
-    return {k: (g_plus[k] - g_minus[k]) / (2 * delta) for k in params}
+    def loss(theta):
+        return F.cross_entropy(functional_call(model, (dict(zip(names, theta)), buffers), (xb,)), yb)
+    return loss
 
 
 def meta_step(model, params, buffers, batches, cfg, beta: float):
-    """One Per-FedAvg local step on batches (D, D', D''); returns (new params, loss on D)."""
-    d1, d2, d3 = batches
-    g1, loss, _ = _grad(model, params, buffers, d1)
-    tmp = {k: (p - cfg.alpha * g1[k]).detach() for k, p in params.items()}
-    g2, _, _ = _grad(model, tmp, buffers, d2)
-    step = g2
-    if cfg.variant == "hf":
-        hv = hessian_vector(model, params, buffers, d3, g2, how=cfg.hvp, delta=cfg.delta)
-        step = {k: g2[k] - cfg.alpha * hv[k] for k in g2}
-    return {k: (p - beta * step[k]).detach() for k, p in params.items()}, float(loss.detach())
+    """One Per-FedAvg local step on batches (D, D', D'') (its Eq. 8-9, `pflkit.meta.hypergrad.maml_direction`);
+    returns (new params, loss on D)."""
+    d1, d2, d3 = (_loss_on(model, list(params), buffers, b) for b in batches)
+    hessian = "none" if cfg.variant == "fo" else cfg.hvp
+    step, loss = maml_direction(d1, d2, list(params.values()), alpha=cfg.alpha, hessian=hessian, delta=cfg.delta,
+                                hessian_loss=d3)
+    return {k: (p - beta * g).detach() for (k, p), g in zip(params.items(), step)}, float(loss)
 
 
 def client_update(msg, client, client_state, cfg, env):

@@ -6,25 +6,10 @@ Nothing here trains or runs a model: `pflkit.stages` trains a method on a chosen
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from pflkit.data.partition import nearest_tv
 from pflkit.fl.federation import Federation, contiguous_group
-
-
-def subfederation(fed: Federation, ids) -> Federation:
-    """The clients ``ids`` as a federation of their own, renumbered 0..len(ids)-1 in that order.
-
-    Used for the 90 training / 10 novel clients of sec. 5.3 and for the per-group
-    baselines of Table 2 (each budget group trained on its own).
-    """
-    ids = [int(i) for i in ids]
-    if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= fed.num_clients:
-        raise ValueError(f"ids must be distinct client ids in [0, {fed.num_clients}), got {ids[:10]}")
-    clients = [dataclasses.replace(fed.clients[i], id=j) for j, i in enumerate(ids)]
-    return Federation(fed.meta, fed.x, fed.y, clients, {**fed.recipe, "subset": ids})
 
 
 # ---------------------------------------------------------------- Fig. 3

@@ -149,6 +149,10 @@ class Env:
         """This context in round ``round_`` (0-based), sharing the module cache."""
         return dataclasses.replace(self, round=int(round_))
 
+    def with_cache(self, cache: dict) -> Env:
+        """This context with ``cache`` as its module cache (a worker thread's own scratch modules)."""
+        return dataclasses.replace(self, _scratch=cache)
+
     def derive_seed(self, *keys) -> int:
         text = "/".join(str(k) for k in (self.seed,) + keys)
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import os
 import queue
@@ -150,7 +149,7 @@ def worker_envs(env: Env, n: int) -> list[Env]:
     """
     caches: list[dict] = env.cached("engine-workers", list)
     caches.extend({} for _ in range(n - len(caches)))
-    return [dataclasses.replace(env, _scratch=cache) for cache in caches[:n]]
+    return [env.with_cache(cache) for cache in caches[:n]]
 
 
 def run_threads(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env, *,

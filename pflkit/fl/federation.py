@@ -129,6 +129,21 @@ class Federation:
     def sizes(self, split: str = "train") -> np.ndarray:
         return np.array([c.num(split) for c in self.clients])
 
+    def subset(self, ids) -> Federation:
+        """The clients ``ids`` as a federation of their own, renumbered 0..len(ids)-1 in that order; the
+        recipe records the original ids (``subset``) and keeps the unseen ones among them, renumbered.
+
+        pFedHN's 90 training / 10 novel clients (sec. 5.3) and Table 2's budget groups are subsets.
+        """
+        ids = [int(i) for i in ids]
+        if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.num_clients:
+            raise ValueError(f"ids must be distinct client ids in [0, {self.num_clients}), got {ids[:10]}")
+        clients = [replace(self.clients[i], id=j) for j, i in enumerate(ids)]
+        recipe = {**self.recipe, "subset": ids}
+        if "unseen" in self.recipe:
+            recipe["unseen"] = [j for j, i in enumerate(ids) if i in set(self.unseen_ids)]
+        return Federation(self.meta, self.x, self.y, clients, recipe)
+
     def histograms(self, split: str = "train") -> np.ndarray:
         """Label counts, clients x classes."""
         return np.stack([c.histogram(split) for c in self.clients])

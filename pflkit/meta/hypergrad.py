@@ -31,7 +31,8 @@ Tensors = Sequence[torch.Tensor]
 Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
 Solve = Callable[[MatVec, list[torch.Tensor]], Sequence[torch.Tensor]]
 
-__all__ = ["ift_hypergrad", "fomaml_plus", "hf_maml_metagrad", "fo_maml_metagrad", "clip_by_value", "leaves"]
+__all__ = ["ift_hypergrad", "fomaml_plus", "maml_direction", "hf_maml_metagrad", "fo_maml_metagrad", "clip_by_value",
+           "leaves"]
 
 
 def leaves(tensors: Tensors) -> list[torch.Tensor]:
@@ -128,14 +129,45 @@ def fomaml_plus(val_loss: Loss, step: Callable[[list[torch.Tensor], list[torch.T
     return [g.detach() for g in _grads(loss, lam)]
 
 
+def maml_direction(inner_loss: Callable[[list[torch.Tensor]], torch.Tensor],
+                   outer_loss: Callable[[list[torch.Tensor]], torch.Tensor], theta: Tensors, *, alpha: float,
+                   hessian: str = "none", delta: float = 1e-3,
+                   hessian_loss: Callable[[list[torch.Tensor]], torch.Tensor] | None = None):
+    """One MAML meta-gradient and the inner loss: ``((I - alpha H(theta)) grad f_out(theta'), f_in(theta))``.
+
+    ``theta' = theta - alpha grad f_in(theta)``. ``hessian`` says how the Hessian term is had:
+    ``"none"`` drops it (first-order MAML), ``"finite_difference"`` is the Hessian-free estimate
+    ``H u ~= (grad f_H(theta + delta u) - grad f_H(theta - delta u)) / (2 delta)`` (no
+    second-order autograd), ``"exact"`` is double backpropagation. ``f_H`` is ``hessian_loss``,
+    by default ``inner_loss``; Per-FedAvg (its Eq. 8-9) takes it on a third batch D''.
+    Per-FedAvg's client step and the App. C cost benchmark both run this function.
+    """
+    if hessian not in ("none", "finite_difference", "exact"):
+        raise ValueError(f"hessian must be 'none', 'finite_difference' or 'exact', got {hessian!r}")
+    theta = leaves(theta)
+    f_in = inner_loss(theta)
+    g_in = _grads(f_in, theta)
+    adapted = leaves([t - alpha * g for t, g in zip(theta, g_in)])
+    u = [g.detach() for g in _grads(outer_loss(adapted), adapted)]
+    if hessian == "none":
+        return u, f_in.detach()
+    f_h = hessian_loss or inner_loss
+    if hessian == "exact":
+        x = leaves(theta)
+        g = _grads(f_h(x), x, create_graph=True)
+        hv = _grads(sum((a * b).sum() for a, b in zip(g, u)), x)
+    else:
+        plus = leaves([t + delta * d for t, d in zip(theta, u)])
+        minus = leaves([t - delta * d for t, d in zip(theta, u)])
+        hv = [(a - b) / (2 * delta) for a, b in zip(_grads(f_h(plus), plus), _grads(f_h(minus), minus))]
+    return [(d - alpha * h).detach() for d, h in zip(u, hv)], f_in.detach()
+
+
 def fo_maml_metagrad(inner_loss: Callable[[list[torch.Tensor]], torch.Tensor],
                      outer_loss: Callable[[list[torch.Tensor]], torch.Tensor], theta: Tensors, *,
                      alpha: float) -> list[torch.Tensor]:
-    """First-order MAML: ``grad f_out(theta - alpha grad f_in(theta))`` (App. C baseline)."""
-    theta = leaves(theta)
-    g_in = _grads(inner_loss(theta), theta)
-    adapted = leaves([t - alpha * g for t, g in zip(theta, g_in)])
-    return [g.detach() for g in _grads(outer_loss(adapted), adapted)]
+    """First-order MAML: ``grad f_out(theta - alpha grad f_in(theta))`` (App. C baseline; `maml_direction`)."""
+    return maml_direction(inner_loss, outer_loss, theta, alpha=alpha)[0]
 
 
 def hf_maml_metagrad(inner_loss: Callable[[list[torch.Tensor]], torch.Tensor],
@@ -143,25 +175,9 @@ def hf_maml_metagrad(inner_loss: Callable[[list[torch.Tensor]], torch.Tensor],
                      alpha: float, delta: float = 1e-3) -> list[torch.Tensor]:
     """Hessian-free MAML meta-gradient (Per-FedAvg (HF)), the cost baseline of FedL2P App. C.
 
-    The one-step MAML gradient ``(I - alpha H_in(theta)) grad f_out(theta')`` with
-    ``theta' = theta - alpha grad f_in(theta)``, where the Hessian-vector product is a
-    central difference of gradients: ``H u ~= (grad f_in(theta + delta u) -
-    grad f_in(theta - delta u)) / (2 delta)``. No second-order autograd is used.
-
-    Args:
-        inner_loss, outer_loss: ``theta -> loss`` on the support / query data.
-        theta: the parameters (list of tensors).
-        alpha: the inner step size.
-        delta: the finite-difference step.
+    `maml_direction` with the finite-difference Hessian-vector product of ``inner_loss``.
     """
-    theta = leaves(theta)
-    g_in = _grads(inner_loss(theta), theta)
-    adapted = leaves([t - alpha * g for t, g in zip(theta, g_in)])
-    u = [g.detach() for g in _grads(outer_loss(adapted), adapted)]
-    plus = leaves([t + delta * d for t, d in zip(theta, u)])
-    minus = leaves([t - delta * d for t, d in zip(theta, u)])
-    g_plus, g_minus = _grads(inner_loss(plus), plus), _grads(inner_loss(minus), minus)
-    return [(d - alpha * (a - b) / (2 * delta)).detach() for d, a, b in zip(u, g_plus, g_minus)]
+    return maml_direction(inner_loss, outer_loss, theta, alpha=alpha, hessian="finite_difference", delta=delta)[0]
 
 
 def clip_by_value(grads: Tensors, clip: float) -> list[torch.Tensor]:

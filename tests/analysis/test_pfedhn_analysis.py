@@ -5,7 +5,7 @@ import torch
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.pfedhn import mix_and_match
-from pflkit.analysis.pfedhn import group_accuracy, novel_tv, row_normalize, subfederation
+from pflkit.analysis.pfedhn import group_accuracy, novel_tv, row_normalize
 from pflkit.data.partition import nearest_tv, total_variation
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
@@ -28,7 +28,7 @@ def test_total_variation_by_hand():
 
 def test_subfederation_and_novel_tv():
     fed = build_federation(digits_dataset(), "class_dirichlet", 12, seed=0, alpha=[0.1] * 9 + [1.0] * 3)
-    train, novel = subfederation(fed, range(9)), subfederation(fed, [9, 10, 11])
+    train, novel = fed.subset(range(9)), fed.subset([9, 10, 11])
     assert [c.id for c in novel.clients] == [0, 1, 2]
     assert np.array_equal(novel.clients[0].splits["train"], fed.clients[9].splits["train"])
     dist, idx = novel_tv(train, novel, basis="labels")
@@ -44,7 +44,7 @@ def test_subfederation_and_novel_tv():
         hand = [0.5 * np.abs(p_hat[9 + j] - p_hat[i]).sum() for i in range(9)]
         assert dist[j] == pytest.approx(min(hand)) and idx[j] == int(np.argmin(hand))
     with pytest.raises(ValueError, match="distinct client ids"):
-        subfederation(fed, [0, 0])
+        fed.subset([0, 0])
 
 
 class _Hists:

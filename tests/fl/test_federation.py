@@ -73,3 +73,13 @@ def test_bad_arguments(ds, kw, match):
 def test_too_many_clients_is_a_clear_error(ds):
     with pytest.raises(ValueError):
         build_federation(ds, "iid", 10**6, seed=0)
+
+
+def test_a_subset_renumbers_its_clients_and_keeps_the_unseen_ones_among_them():
+    fed = build_federation(digits_dataset(), "dirichlet", 8, seed=0, alpha=1.0, unseen_clients=2)
+    ids = [fed.unseen_ids[0], *fed.seen_ids[:2]]
+    sub = fed.subset(ids)
+    assert [c.id for c in sub.clients] == [0, 1, 2] and sub.recipe["subset"] == ids
+    assert sub.unseen_ids == [0] and sub.seen_ids == [1, 2]
+    for j, i in enumerate(ids):
+        assert all(np.array_equal(sub.clients[j].splits[s], fed.clients[i].splits[s]) for s in fed.clients[i].splits)
