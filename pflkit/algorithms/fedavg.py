@@ -28,6 +28,7 @@ from typing import Any
 from pflkit.config import one_of, require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update
+from pflkit.fl.loop import sample_clients
 from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 # ---------------------------------------------------------------- participation protocol
@@ -63,8 +64,6 @@ def reporters(ids, cfg, env) -> list[int]:
     Each client with probability ``report_fraction``, redrawn if nobody is drawn: the loop's
     Bernoulli sampling (`pflkit.fl.loop.sample_clients`), from the same (seed, round) key.
     """
-    from pflkit.fl.loop import sample_clients  # the loop imports the algorithms' base: import late
-
     rule = SimpleNamespace(sampling="bernoulli", fraction=cfg.report_fraction)
     return sample_clients(list(ids), rule, env, env.round)
 
