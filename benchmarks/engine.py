@@ -17,7 +17,7 @@ warm round (rounds 2..R), and the peak memory, each also as a ratio to ``plain``
 ``--repeat N`` the engines run N times, interleaved, and the medians are reported (the
 machine these numbers come from is shared: single runs vary by 1.5x).
 
-    nice -n 10 python benchmarks/engine.py --data-root ../shared/data --repeat 2
+    nice -n 10 python benchmarks/engine.py --data-root "$PFLKIT_DATA" --repeat 2
     python benchmarks/engine.py --rounds 3 --engines plain,pflkit      # a quick look
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ engines end with the same server state (bitwise when the sequential loop runs on
 thread, as each worker does; at more threads torch's CPU reductions round differently) and
 prints the load average, since the machines these numbers come from are shared.
 
-    PYTHONPATH=. python benchmarks/vectorized.py --data-root ../shared/data --repeat 5
+    PYTHONPATH=. python benchmarks/vectorized.py --data-root "$PFLKIT_DATA" --repeat 5
     PYTHONPATH=. python benchmarks/vectorized.py --rounds 3 --repeat 1          # a quick look
 """
 from __future__ import annotations

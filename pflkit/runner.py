@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -101,13 +102,17 @@ def make_env(cfg: ExperimentConfig, fed: Federation, seed: int, engine: str = "s
 
     ``engine``: how `run_rounds` runs a round's client updates (`pflkit.fl.engines`).
     """
-    device = resolve_device(cfg.device)
+    return Env(model_fn=model_factory(cfg.model.name, fed, cfg.model.options), device=resolve_device(cfg.device),
+               seed=seed, kernels=cfg.kernels, engine=engine)
+
+
+def model_factory(name: str, fed: Federation, options: dict | None = None) -> Callable[[], torch.nn.Module]:
+    """A function building a fresh model ``name`` (random init) for ``fed``'s classes and input shape."""
+    shape, options = tuple(fed.x.shape[1:]), dict(options or {})
 
     def model_fn():
-        return build_model(cfg.model.name, num_classes=fed.num_classes, input_shape=tuple(fed.x.shape[1:]),
-                           **cfg.model.options)
-
-    return Env(model_fn=model_fn, device=device, seed=seed, kernels=cfg.kernels, engine=engine)
+        return build_model(name, num_classes=fed.num_classes, input_shape=shape, **options)
+    return model_fn
 
 
 def initial_model(env: Env) -> torch.nn.Module:

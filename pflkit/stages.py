@@ -30,8 +30,7 @@ from pflkit.fl.algorithm import Algorithm, Env
 from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, run_rounds
-from pflkit.models import build_model
-from pflkit.runner import initial_model, resolve_device
+from pflkit.runner import initial_model, model_factory, resolve_device
 
 
 def method_config(exp, label: str, **changes):
@@ -51,10 +50,7 @@ def train_method(exp, label: str, fed: Federation, env, *, model=None, desc: str
     """Train and test method ``label`` of experiment ``exp`` on ``fed`` (a fresh model from ``env``
     unless ``model`` is given); returns the `StageResult` with its final states."""
     algo, cfg = method_config(exp, label, **changes)
-    if model is None:
-        env.seed_torch("init")
-        model = env.model_fn().to(env.device)
-    return run_rounds(algo, cfg, fed, model, env, desc=desc)
+    return run_rounds(algo, cfg, fed, model if model is not None else initial_model(env), env, desc=desc)
 
 
 def fit_novel_clients(trained: StageResult, novel: Federation, cfg, env, *, rounds: int | None = None,
@@ -89,10 +85,7 @@ def env_for_model(model: str | Callable[[], torch.nn.Module], fed: Federation | 
     if isinstance(model, str):
         if fed is None:
             raise ConfigError(f"model={model!r}: a named model needs the federation it is built for (fed=...)")
-        name, shape = model, tuple(fed.x.shape[1:])
-
-        def model_fn():
-            return build_model(name, num_classes=fed.num_classes, input_shape=shape, **options)
+        model_fn = model_factory(model, fed, options)
     elif callable(model):
         if options:
             raise ConfigError(f"{sorted(options)[0]}: model options go with a model name, not a model function")

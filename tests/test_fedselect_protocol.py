@@ -20,7 +20,6 @@ import math
 from contextlib import contextmanager
 
 import pytest
-import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from pflkit.algorithms import get_algorithm

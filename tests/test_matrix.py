@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from pflkit import reproduce as rp
-from pflkit.experiments import PRESETS, list_experiments, resolve, tomllib
+from pflkit.experiments import PRESETS, list_experiments, resolve
 from pflkit.report import matrix as mx
 from pflkit.report.reproduction import build_report
 

@@ -160,7 +160,7 @@ def test_code_version_ignores_comments_and_docstrings_not_code(tmp_path):
 
 
 def test_data_sources_lose_machine_folders():
-    src = "mnist: /work/shared/data/mnist.npz; mnist_m: /home/u/d/mnist_m_small.npz (subset); split 80/20"
+    src = "mnist: /srv/datasets/mnist.npz; mnist_m: /home/u/d/mnist_m_small.npz (subset); split 80/20"
     assert cp._no_folders(src) == "mnist: mnist.npz; mnist_m: mnist_m_small.npz (subset); split 80/20"
 
 

@@ -55,7 +55,9 @@ from pflkit.algorithms import hypernet as hn
 from pflkit.config import non_negative, one_of, positive, require
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.federation import Federation, contiguous_group
+from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import evaluate_model, round_sgd
+from pflkit.fl.transport import evaluate_clients
 from pflkit.models.introspect import head_param_names
 
 
@@ -448,8 +450,6 @@ def fit_novel_clients(trained_state: dict, novel, cfg, env, *, init: str = "mean
     Returns:
         A `pflkit.fl.loop.StageResult` over the novel federation.
     """
-    from pflkit.fl.loop import StageResult, evaluate_clients, run_rounds  # the loop imports the algorithms
-
     algo = novel_client_algorithm(trained_state, novel.num_clients, init=init, seed=seed)
     ncfg = dataclasses.replace(cfg, train_hypernet=False)
     if cfg.novel_fit == "rounds":
@@ -462,7 +462,8 @@ def fit_novel_clients(trained_state: dict, novel, cfg, env, *, init: str = "mean
         state, client_states[client.id], info = fit_novel_embedding(state, client, None, ncfg, env)
         history.append(info)
     result = StageResult("ok", state, client_states, history)
-    result.set_test(evaluate_clients(algo, state, client_states, novel, range(novel.num_clients), ncfg, env, "test"))
+    result.set_test(evaluate_clients(algo, state, client_states, novel, range(novel.num_clients), ncfg, env,
+                                     "test").per_client)
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -31,6 +31,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pflkit.config import reject_unknown_options
+
 from .base import Dataset, ImageFiles, Loader
 from .sources import audio, cifar, cifar10c, digits, domains, folders, mnist_family, omniglot
 from .sources.common import Found
@@ -106,10 +108,8 @@ def load_dataset(name: str, root: str | Path | None = None, *, download: bool = 
 
 
 def check_options(name: str, options: dict, known) -> None:
-    """TypeError naming the first option not in ``known``."""
-    for key in options:
-        if key not in known:
-            raise TypeError(f"dataset {name!r} has no option {key!r}; its options are: {', '.join(known) or 'none'}")
+    """TypeError naming the first option of dataset ``name`` not in ``known``."""
+    reject_unknown_options(f"dataset {name!r}", options, known)
 
 
 def _loader(name: str) -> Loader:

@@ -71,17 +71,6 @@ def eval_clients(clients: int | list[int], cfg: FLConfig, env: Env) -> list[int]
     return sorted(ids[i] for i in torch.randperm(len(ids), generator=gen, device="cpu")[: cfg.eval_clients].tolist())
 
 
-def evaluate_clients(algo: Algorithm, state, client_states: dict, fed: Federation, ids, cfg, env: Env,
-                     split: str, desc: str | None = None) -> dict[int, dict]:
-    """Run ``algo.evaluate`` on each client of ``ids``; returns per-client metrics."""
-    out = {}
-    it = tqdm(ids, desc=desc, leave=False, disable=desc is None or None)
-    for cid in it:
-        env.seed_torch("eval", cid, split)
-        out[cid] = algo.evaluate(state, fed.clients[cid], client_states.get(cid), cfg, env, split)
-    return out
-
-
 def summarize(per_client: dict[int, dict]) -> dict[str, float]:
     """Mean over clients of each client's accuracy and loss (the papers' personalized accuracy)."""
     accs = [m["acc"] for m in per_client.values() if m.get("n", 1) > 0]

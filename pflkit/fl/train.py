@@ -90,7 +90,6 @@ def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, g
     return {"loss": check_finite(float(total), where) / max(seen, 1), "steps": taken, "samples": seen}
 
 
-
 def round_sgd(model: nn.Module, client: Client, cfg, env, *, key: tuple = (), **overrides) -> dict[str, float]:
     """`local_sgd` with the round's settings of an `FLConfig`: one call for every algorithm.
 

@@ -72,10 +72,16 @@ class Transport(Protocol):
     def client_states(self, at_best: bool = False) -> dict: ...
 
 
-def evaluate_with_view(algo: Algorithm, state, client, client_state, cid: int, cfg, env: Env, split: str):
-    """(metrics, bytes of the view): the client's evaluation from what would travel to it."""
-    view = algo.eval_view(state, cid, cfg, env)
-    return algo.evaluate_view(view, client, client_state, cfg, env, split), nbytes(view)
+def evaluate_clients(algo: Algorithm, state, client_states: dict, fed, ids, cfg, env: Env, split: str) -> Evaluation:
+    """Each client of ``ids`` evaluated on ``split`` in this process, from what would travel to it
+    (`Algorithm.eval_view`); the bytes are those views'."""
+    out, down = {}, 0
+    for cid in ids:
+        env.seed_torch("eval", cid, split)
+        view = algo.eval_view(state, cid, cfg, env)
+        out[cid] = algo.evaluate_view(view, fed.clients[cid], client_states.get(cid), cfg, env, split)
+        down += nbytes(view)
+    return Evaluation(out, {}, down)
 
 
 class LocalTransport:
@@ -97,14 +103,7 @@ class LocalTransport:
         return RoundWork(updates, sum(d for _, _, d in results), sum(nbytes(u.payload) for u in updates), {}, engine)
 
     def evaluate(self, state, ids, split: str, env: Env, at_best: bool = False) -> Evaluation:
-        states = self.best_states if at_best and self.best_states is not None else self.states
-        out, down = {}, 0
-        for cid in ids:
-            env.seed_torch("eval", cid, split)
-            out[cid], sent = evaluate_with_view(self.algo, state, self.fed.clients[cid], states.get(cid), cid,
-                                                self.cfg, env, split)
-            down += sent
-        return Evaluation(out, {}, down)
+        return evaluate_clients(self.algo, state, self.client_states(at_best), self.fed, ids, self.cfg, env, split)
 
     def mark_best(self, round_: int) -> None:
         self.best_states = copy.deepcopy(self.states)

@@ -243,8 +243,8 @@ class PflkitStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Each of the loop's sampled clients' ``algo.broadcast`` message."""
-        msgs = [self._message(cid, self.algo.broadcast(self._state, cid, self.cfg, self.env), "train",
-                              {"best": self._keep_from()}) for cid in self._ids]
+        msgs = [self._message(cid, self.algo.broadcast(self._state, cid, self.cfg, self.env), "train", {})
+                for cid in self._ids]
         self._missing = [cid for cid, m in zip(self._ids, msgs) if m is None]
         return [m for m in msgs if m is not None]
 

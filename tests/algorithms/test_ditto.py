@@ -7,7 +7,6 @@ from pflkit.algorithms.ditto import DITTO, proximal_term
 from pflkit.config import ConfigError
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
-from pflkit.fl.train import get_state
 from tests.helpers_data import digits_dataset, digits_env
 
 SETTINGS = {"rounds": 2, "fraction": 1.0, "lr": 0.05, "momentum": 0.9, "batch_size": 10, "local_epochs": 1,
