@@ -1,26 +1,28 @@
 """Client-update engines compared: client updates per second of each, as a ratio to the sequential loop.
 
-The workload is the LeNet one of ``benchmarks/engine.py``: FedAvg on the CIFAR-10 subset,
-100 clients, 10 sampled per round, LeNet, batch 32 (``--local-epochs`` local epochs, 1 by
-default as there). Every engine trains the same rounds through `pflkit.fl.loop.run_rounds`
-(no validation or test pass) in this one process; the engines run interleaved, ``--repeat``
-times, and the medians are printed:
+The workload is FedAvg on the CIFAR-10 subset (IID over ``--clients`` clients, ``--per-round``
+sampled per round, batch 32, ``--local-epochs`` local epochs), with LeNet (the workload of
+``benchmarks/engine.py``) or the CIFAR ResNet-18. Every engine trains the same rounds through
+`pflkit.fl.loop.run_rounds` (no validation or test pass) in this one process; the engines run
+interleaved, ``--repeat`` times, and the medians are printed:
 
 * ``sequential``: one client after the other, torch's default intra-op threads (all cores);
-* ``threads``: the round's clients in a pool of worker threads, one intra-op thread each
-  (`pflkit.fl.engines.run_threads`).
-
-The vectorized engine (clients batched with ``torch.func.vmap`` on a GPU) is not in pflkit
-yet: when it is, it is one more entry of ``ENGINES`` below, and its column and ratio follow.
+* ``threads`` (CPU only): the round's clients in a pool of worker threads, one intra-op thread
+  each (`pflkit.fl.engines.run_threads`);
+* ``vectorized``: the round's clients trained together, one ``torch.func.vmap`` over their
+  stacked weights per step (`pflkit.fl.vectorized`). Meant for a GPU; on a CPU it is printed too.
 
 A column is the median over repeats of (clients per round / median seconds of a warm round,
-rounds 2..R); the ratio is that over the sequential column. The script also checks that the
-engines end with the same server state (bitwise when the sequential loop runs one intra-op
-thread, as each worker does; at more threads torch's CPU reductions round differently) and
-prints the load average, since the machines these numbers come from are shared.
+rounds 2..R); the ratio is that over the sequential column. Peak memory: on CUDA the peak of
+``torch.cuda.max_memory_allocated`` during the run; on the CPU the peak growth of the process's
+resident memory (sampled every 5 ms). The script checks that the engines end with the same
+server state as the sequential loop (threads: bitwise when the sequential loop runs one
+intra-op thread, as each worker does; vectorized: to float rounding) and prints the load
+average, since the machines these numbers come from are shared.
 
-    PYTHONPATH=. python benchmarks/vectorized.py --data-root "$PFLKIT_DATA" --repeat 5
-    PYTHONPATH=. python benchmarks/vectorized.py --rounds 3 --repeat 1          # a quick look
+    PYTHONPATH=. python benchmarks/vectorized.py --repeat 5                      # LeNet, 10 per round
+    PYTHONPATH=. python benchmarks/vectorized.py --models lenet,resnet18 --per-round 10,50,100   # the GPU grid
+    PYTHONPATH=. python benchmarks/vectorized.py --rounds 3 --repeat 1 --engines threads   # a quick look
 """
 from __future__ import annotations
 
@@ -28,44 +30,91 @@ import argparse
 import dataclasses
 import os
 import statistics
+import threading
 import time
 
-ENGINES = ("sequential", "threads")  # + "vectorized" once pflkit has it
+ENGINES = ("sequential", "threads", "vectorized")
+MODELS = {"lenet": "lenet", "resnet18": "resnet18_cifar"}
 
 
-def workload(a) -> dict:
-    """The experiment (as ``benchmarks/engine.py`` builds it), with this script's local epochs."""
+def workload(a, model: str, per_round: int) -> dict:
+    """The experiment (as ``benchmarks/engine.py`` builds it) for one model and clients per round."""
+    clients = max(a.clients, per_round)
     return {"experiment": {"name": "bench_vectorized"},
-            "data": {"dataset": a.dataset, "scheme": "iid", "num_clients": a.clients},
-            "model": {"name": "lenet"},
-            "methods": {"FedAvg": {"algorithm": "fedavg", "rounds": a.rounds, "fraction": a.per_round / a.clients,
+            "data": {"dataset": a.dataset, "scheme": "iid", "num_clients": clients},
+            "model": {"name": MODELS[model]},
+            "methods": {"FedAvg": {"algorithm": "fedavg", "rounds": a.rounds, "fraction": per_round / clients,
                                    "local_epochs": a.local_epochs, "lr": 0.01, "batch_size": 32, "eval_every": 0,
                                    "keep_best": False}}}
 
 
-def prepare(a):
+def prepare(a, model: str, per_round: int):
     """(algorithm, its config, federation, env) of the workload, built once for every engine."""
     from pflkit.algorithms import get_algorithm
     from pflkit.data.datasets import load_dataset
     from pflkit.experiments import resolve
     from pflkit.runner import build_seed_federation, make_env
 
-    cfg = resolve(workload(a), "cpu")
+    cfg = resolve(workload(a, model, per_round), "cpu", [f"device={a.device}"] if a.device != "auto" else [])
     fed = build_seed_federation(cfg, load_dataset(a.dataset, a.data_root or None), cfg.seed)
     stage = cfg.methods[0]
     return get_algorithm(stage.algorithm), stage.config, fed, make_env(cfg, fed, cfg.seed)
 
 
-def run_engine(name: str, algo, cfg, fed, env) -> tuple[float, dict]:
-    """(client updates per second over the warm rounds, final server state) of one engine."""
+class PeakMemory:
+    """Peak memory of a block: CUDA's allocator peak, or the growth of resident memory on the CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.peak = 0
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __enter__(self):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            return self
+        self.base, self.done = self._rss(), threading.Event()
+
+        def sample():
+            while not self.done.wait(0.005):
+                self.peak = max(self.peak, self._rss() - self.base)
+        self.sampler = threading.Thread(target=sample, daemon=True)
+        self.sampler.start()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+        else:
+            self.done.set()
+            self.sampler.join()
+        return False
+
+
+def run_engine(name: str, algo, cfg, fed, env) -> tuple[float, dict, int]:
+    """(client updates per second over the warm rounds, final server state, peak bytes) of one engine."""
+    import torch
+
     from pflkit.fl.loop import run_rounds
 
     run_env = dataclasses.replace(env, engine=name, _scratch={})
     run_env.seed_torch("init")
-    result = run_rounds(algo, cfg, fed, run_env.model_fn(), run_env, test=False)
+    with PeakMemory(torch.device(env.device)) as mem:
+        result = run_rounds(algo, cfg, fed, run_env.model_fn(), run_env, test=False)
     assert result.status == "ok" and result.engine == name, (result.status, result.engine, result.error)
     warm = [row["seconds"] for row in result.history[1:]] or [result.history[0]["seconds"]]
-    return cfg.fraction * fed.num_clients / statistics.median(warm), result.state
+    return cfg.fraction * fed.num_clients / statistics.median(warm), result.state, mem.peak
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -80,54 +129,80 @@ def load_average() -> str:
         return "n/a"
 
 
+def compare(a, model: str, per_round: int, engines: list[str]) -> bool:
+    """Time every engine on one workload, print its table; True when the final states agree."""
+    import torch
+
+    from pflkit.fl.engines import intra_op_threads
+
+    algo, cfg, fed, env = prepare(a, model, per_round)
+    print(f"\n{model}, {per_round} of {fed.num_clients} clients per round ({fed.clients[0].num('train')} train "
+          f"images on client 0), {a.local_epochs} local epoch(s), {a.rounds} rounds, device {env.device}")
+    rates: dict[str, list[float]] = {e: [] for e in engines}
+    peaks: dict[str, list[int]] = {e: [] for e in engines}
+    states: dict[str, dict] = {}
+    for r in range(a.repeat):
+        for e in engines:
+            rate, states[e], peak = run_engine(e, algo, cfg, fed, env)
+            rates[e].append(rate)
+            peaks[e].append(peak)
+            print(f"  repeat {r + 1} {e:>10}: {rate:8.2f} client updates/s, peak {peak / 2**20:7.1f} MiB")
+    base = statistics.median(rates[engines[0]])
+    print(f"{'engine':>12} {'updates/s':>10} {'ratio':>7} {'peak MiB':>9}  (medians of {a.repeat}; ratio to "
+          f"{engines[0]})")
+    for e in engines:
+        med = statistics.median(rates[e])
+        print(f"{e:>12} {med:10.2f} {med / base:6.2f}x {max(peaks[e]) / 2**20:9.1f}")
+    # the same numbers: the threads engine runs one intra-op thread per worker, so the sequential loop
+    # at one thread gives its state bitwise; the vectorized engine batches the same float operations
+    # differently, so its state agrees to float rounding
+    with intra_op_threads(1):
+        _, one_thread, _ = run_engine("sequential", algo, cfg, fed, env)
+    ok = True
+    for e in engines[1:]:
+        diff, single = max_difference(states[e], states["sequential"]), max_difference(states[e], one_thread)
+        print(f"final server state, {e} vs sequential: max |difference| {diff:.2g} at {torch.get_num_threads()} "
+              f"intra-op threads, {single:.2g} at 1 intra-op thread")
+        ok &= single == 0.0 if e == "threads" else single < 1e-4
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-root", default=os.environ.get("PFLKIT_DATA"), help="folder with cifar10_small.npz")
     ap.add_argument("--dataset", default="cifar10")
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--per-round", type=int, default=10)
+    ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    ap.add_argument("--models", default=None, help="lenet, resnet18 (default: lenet; on CUDA both)")
+    ap.add_argument("--per-round", default=None, help="clients per round, comma-separated (default: 10; on CUDA "
+                                                     "10,50,100)")
+    ap.add_argument("--clients", type=int, default=100, help="clients in the federation (at least --per-round)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds per run (the first is a warm-up)")
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; medians are reported")
-    ap.add_argument("--engines", default=",".join(ENGINES), help="compared with sequential (always run)")
+    ap.add_argument("--engines", default=None, help="compared with sequential (always run; default: threads and "
+                                                   "vectorized on a CPU, vectorized on CUDA)")
     a = ap.parse_args(argv)
     import torch
 
-    engines = ["sequential"] + [e for e in a.engines.split(",") if e != "sequential"]  # the ratios' base first
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown:
-        ap.error(f"--engines: unknown {unknown[0]!r}; known: {', '.join(ENGINES)}")
-    algo, cfg, fed, env = prepare(a)
-    print(f"workload: FedAvg, LeNet, {a.clients} clients ({fed.clients[0].num('train')} train images on "
-          f"client 0), {a.per_round} per round, {a.local_epochs} local epoch(s), batch 32, {a.rounds} rounds; "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__} with {torch.get_num_threads()} intra-op threads")
-    print(f"load average before: {load_average()}")
-    rates: dict[str, list[float]] = {e: [] for e in engines}
-    states: dict[str, dict] = {}
+    cuda = a.device.startswith("cuda") or (a.device == "auto" and torch.cuda.is_available())
+    models = (a.models or ("lenet,resnet18" if cuda else "lenet")).split(",")
+    per_round = [int(n) for n in (a.per_round or ("10,50,100" if cuda else "10")).split(",")]
+    engines = ["sequential"] + [e for e in (a.engines or ("vectorized" if cuda else "threads,vectorized")).split(",")
+                                if e != "sequential"]
+    for bad, known, flag in ((set(engines) - set(ENGINES), ENGINES, "--engines"),
+                             (set(models) - set(MODELS), tuple(MODELS), "--models")):
+        if bad:
+            ap.error(f"{flag}: unknown {sorted(bad)[0]!r}; known: {', '.join(known)}")
+    if cuda and "threads" in engines:
+        ap.error("--engines: the threads engine runs on the CPU only")
+    gpu = torch.cuda.get_device_name() if cuda else "none"
+    print(f"{os.cpu_count()} CPUs, GPU: {gpu}, torch {torch.__version__} with {torch.get_num_threads()} intra-op "
+          f"threads; load average before: {load_average()}")
     t0 = time.perf_counter()
-    for r in range(a.repeat):
-        for e in engines:
-            rate, states[e] = run_engine(e, algo, cfg, fed, env)
-            rates[e].append(rate)
-            print(f"  repeat {r + 1} {e:>10}: {rate:7.2f} client updates/s")
-    print(f"load average after: {load_average()} ({time.perf_counter() - t0:.0f} s)")
-    base = statistics.median(rates[engines[0]])
-    print(f"{'engine':>10} {'updates/s':>10} {'ratio':>7}  (medians of {a.repeat}; ratio to {engines[0]})")
-    for e in engines:
-        med = statistics.median(rates[e])
-        print(f"{e:>10} {med:10.2f} {med / base:7.2f}x")
-    # the same numbers: at one intra-op thread (the workers' setting) the sequential loop gives
-    # the threads engine's state bitwise; at torch's default thread count its CPU reductions are
-    # split differently, so the states differ by float rounding only
-    from pflkit.fl.engines import intra_op_threads
+    ok = all([compare(a, m, n, engines) for m in models for n in per_round])
+    print(f"\nload average after: {load_average()} ({time.perf_counter() - t0:.0f} s)")
+    return 0 if ok else 1
 
-    with intra_op_threads(1):
-        _, one_thread = run_engine("sequential", algo, cfg, fed, env)
-    for e in engines[1:]:
-        default, single = max_difference(states[e], states["sequential"]), max_difference(states[e], one_thread)
-        print(f"final server state, {e} vs sequential: max |difference| {default:.2g} at "
-              f"{torch.get_num_threads()} intra-op threads, {single:.2g} at 1 intra-op thread")
-    return 0 if all(max_difference(states[e], one_thread) == 0.0 for e in engines[1:]) else 1
 
 if __name__ == "__main__":
     raise SystemExit(main())

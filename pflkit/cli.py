@@ -10,7 +10,7 @@ from pathlib import Path
 from pflkit.config import ConfigError
 
 # pflkit.fl.engines.ENGINES, spelled out so that the parser does not import torch (a test checks they agree)
-ENGINES = ("auto", "sequential", "threads")
+ENGINES = ("auto", "sequential", "threads", "vectorized")
 
 
 def _cmd_list(args) -> int:
@@ -163,9 +163,10 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto (default: CUDA when available), cpu, cuda, cuda:N or mps")
     p.add_argument("--kernels", choices=["auto", "triton", "reference"], help="custom-op backend")
     p.add_argument("--engine", default="auto", choices=[*ENGINES, "flower", "pflkit"],
-                   help="how rounds run: auto (threads on a multi-core CPU, else sequential), sequential, threads "
-                        "(client updates in a CPU thread pool; same numbers), flower (a Flower simulation); "
-                        "pflkit: the older name of auto")
+                   help="how rounds run: auto (vectorized on CUDA where the algorithm allows it, threads on a "
+                        "multi-core CPU, else sequential), sequential, threads (client updates in a CPU thread pool; "
+                        "same numbers), vectorized (a round's clients trained together with torch.func.vmap; for "
+                        "GPUs), flower (a Flower simulation); pflkit: the older name of auto")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--keep-states", action="store_true",
                    help="keep every stage's final server and client states (seedS/<stage>.final.pt, weights-only)")

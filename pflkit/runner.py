@@ -577,8 +577,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
 
     ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
     server passes its own, with ``engine="flower"``). With pflkit's loop, ``engine`` says how a
-    round's client updates run: ``"auto"``, ``"sequential"`` or ``"threads"`` (`pflkit.fl.engines`;
-    ``"pflkit"`` is the older name of ``"auto"``). It does not change the numbers, so it is not
+    round's client updates run: ``"auto"``, ``"sequential"``, ``"threads"`` or ``"vectorized"``
+    (`pflkit.fl.engines`; ``"pflkit"`` is the older name of ``"auto"``). It does not change the
+    numbers beyond float rounding, so it is not
     part of the fingerprint that ``resume`` checks; results.json's ``environment`` records the
     requested engine and the one each stage used. ``download`` lets a missing dataset be
     downloaded into the cache. ``keep_states`` keeps each stage's final server and client states

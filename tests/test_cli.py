@@ -91,12 +91,12 @@ def test_a_bad_engine_is_refused_before_any_work(tmp_path, capsys):
     from pflkit.experiments import resolve
     from pflkit.runner import run_experiment
 
-    with pytest.raises(ConfigError, match=r"^engine='vectorized': expected one of auto, sequential, threads$"):
-        run_experiment(resolve("demo", "smoke"), tmp_path / "out", engine="vectorized")
+    with pytest.raises(ConfigError, match=r"^engine='vmap': expected one of auto, sequential, threads, vectorized$"):
+        run_experiment(resolve("demo", "smoke"), tmp_path / "out", engine="vmap")
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit):
-        main(["run", "demo", "--engine", "vectorized"])
-    assert "invalid choice: 'vectorized'" in capsys.readouterr().err
+        main(["run", "demo", "--engine", "vmap"])
+    assert "invalid choice: 'vmap'" in capsys.readouterr().err
 
 
 def test_the_cli_lists_the_engines_pflkit_has():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pflkit.algorithms.fedavg import aggregate, broadcast, init, train_from
 from pflkit.config import non_negative
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update
-from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
+from pflkit.fl.train import evaluate_model, get_state, proximal_penalty, round_sgd, set_state
 
 
 @dataclass(frozen=True)
@@ -34,20 +34,14 @@ class DittoConfig(FLConfig):
 
 
 def proximal_term(model, anchor: dict, lam: float):
-    """(lam / 2) * sum ||p - anchor||^2 over the model's parameters (Ditto's h_k regularizer)."""
-    pairs = [(p, anchor[n].to(p.device)) for n, p in model.named_parameters()]
-
-    def term(_model):
-        return 0.5 * lam * sum((p - a).pow(2).sum() for p, a in pairs)
-
-    return term
+    """``extra_loss`` form of Ditto's h_k regularizer: (lam / 2) * sum ||p - anchor||^2 over the model's parameters."""
+    return lambda _model: proximal_penalty(model.named_parameters(), anchor, lam)
 
 
 def personal_step(global_weights: dict, personal: dict, client, cfg, env) -> tuple[dict, dict]:
     """``local_epochs`` of SGD on v_k with the proximal pull toward the received w^t."""
     model = set_state(env.scratch_model(), personal)
-    extra = proximal_term(model, global_weights, cfg.lam) if cfg.lam > 0 else None
-    stats = round_sgd(model, client, cfg, env, key=("personal",), extra_loss=extra,
+    stats = round_sgd(model, client, cfg, env, key=("personal",), prox=(cfg.lam, global_weights) if cfg.lam > 0 else None,
                       where=f"client {client.id} (personal)")
     return get_state(model), stats
 
@@ -67,5 +61,5 @@ def evaluate(state, client, client_state, cfg, env, split):
 DITTO = Algorithm(
     name="ditto", label="Ditto", config=DittoConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"], exports_global=True,
+    global_model=lambda state: state["weights"], exports_global=True, vectorizable=True,
 )

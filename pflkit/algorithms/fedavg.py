@@ -149,5 +149,5 @@ def evaluate(state, client, client_state, cfg, env, split):
 FEDAVG = Algorithm(
     name="fedavg", label="FedAvg", config=FedAvgConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    global_model=lambda state: state["weights"], exports_global=True,
+    global_model=lambda state: state["weights"], exports_global=True, vectorizable=True,
 )

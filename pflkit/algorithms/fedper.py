@@ -103,5 +103,5 @@ def evaluate(state, client, client_state, cfg, env, split):
 
 FEDPER = Algorithm(
     name="fedper", label="FedPer", config=FedPerConfig, init=init, broadcast=broadcast,
-    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
+    client_update=client_update, aggregate=aggregate, evaluate=evaluate, vectorizable=True,
 )

@@ -94,6 +94,7 @@ def evaluate(state, client, client_state, cfg, env, split):
 FINETUNE = Algorithm(
     name="finetune", label="FT", config=FineTuneConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate, needs_pretrained=True,
+    vectorizable=True,
 )
 
 LABELS = FT_MODES

@@ -57,5 +57,5 @@ def evaluate(state, client, client_state, cfg, env, split):
 
 LOCAL = Algorithm(
     name="local", label="Local", config=LocalConfig, init=init, broadcast=broadcast,
-    client_update=client_update, aggregate=aggregate, evaluate=evaluate,
+    client_update=client_update, aggregate=aggregate, evaluate=evaluate, vectorizable=True,
 )

@@ -112,6 +112,6 @@ def evaluate(state, client, client_state, cfg, env, split):
 # FedAvg's server (state, broadcast, sample-weighted averaging, exported global model) with a MAML
 # client step and a personalizing evaluation
 PERFEDAVG = replace(FEDAVG, name="perfedavg", label="Per-FedAvg (FO)", config=PerFedAvgConfig,
-                    client_update=client_update, evaluate=evaluate)
+                    client_update=client_update, evaluate=evaluate, vectorizable=False)
 
 PERFEDAVG_HF = replace(PERFEDAVG, name="perfedavg_hf", label="Per-FedAvg (HF)", config=PerFedAvgHFConfig)

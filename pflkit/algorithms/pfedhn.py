@@ -478,7 +478,7 @@ def evaluate_generated(view, client, client_state, cfg, env, split):
 PFEDHN = Algorithm(
     name="pfedhn", label="pFedHN", config=PFedHNConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    eval_view=broadcast, eval_from_view=evaluate_generated,
+    eval_view=broadcast, eval_from_view=evaluate_generated, vectorizable=True,
 )
 
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)

@@ -133,4 +133,4 @@ def evaluate(state, client, client_state, cfg, env, split):
 
 # FedAvg's server state, broadcast (with its participation protocol) and exported global model
 PFEDME = replace(FEDAVG, name="pfedme", label="pFedMe", config=PFedMeConfig, client_update=client_update,
-                 aggregate=aggregate, evaluate=evaluate)
+                 aggregate=aggregate, evaluate=evaluate, vectorizable=False)

@@ -127,7 +127,8 @@ class Env:
     architecture (random init); phases load tensors into it. ``generator(*keys)`` gives a
     torch Generator seeded from the run seed and the keys (e.g. ``("client", cid, round)``).
     ``engine`` says how `run_rounds` runs a round's client updates (`pflkit.fl.engines`:
-    ``"sequential"``, ``"threads"`` or ``"auto"``); it never changes the numbers.
+    ``"sequential"``, ``"threads"``, ``"vectorized"`` or ``"auto"``); it changes the numbers
+    by float rounding at most.
     ``kernels`` is the run's kernel backend (`pflkit.kernels`), entered by `run_rounds` for
     its stage; None keeps whatever backend the caller is in.
 
@@ -207,6 +208,10 @@ class Algorithm:
         thread_unsafe: why ``client_update`` must not run in worker threads (the ``threads``
             engine then runs this algorithm's rounds sequentially and logs this reason);
             empty when it may (see `Env` for what that requires).
+        vectorizable: ``client_update`` (and any training inside ``evaluate``) trains only
+            through `pflkit.fl.train.local_sgd` and its helpers, so the ``vectorized`` engine
+            may run a round's clients together (`pflkit.fl.vectorized`). Off: that engine runs
+            the algorithm sequentially and logs why.
         report: optional ``report(state, fed, cfg, env, client_states) -> JSON-able`` with what
             the algorithm learned per client (FedL2P's beta / eta, FedSelect's masks); the
             runner stores it beside the stage's results.
@@ -231,6 +236,7 @@ class Algorithm:
     needs_pretrained: bool = False
     exports_global: bool = False
     thread_unsafe: str = ""
+    vectorizable: bool = False
     eval_view: Callable = lambda state, cid, cfg, env: state
     eval_from_view: Callable | None = None
 

@@ -12,12 +12,20 @@ history and the checkpoints; an engine only turns the round's sampled ids into t
     GIL inside its kernels, so the workers' kernels overlap). Each client draws from its own
     generators, so the numbers are the sequential engine's; at most one client update per
     worker is in flight.
+``vectorized``
+    the round's clients train together: each client's update runs in a thread of its own and
+    their `local_sgd` calls are batched into one ``torch.func.vmap`` over the clients' stacked
+    weights (`pflkit.fl.vectorized`); evaluation passes too (FT's fine-tuning, FedBABU's head).
+    For algorithms that declare it (`Algorithm.vectorizable`); others run sequentially, with
+    a log line saying why. Meant for a GPU; on the CPU it runs (the equivalence tests use it)
+    but convolutions there are compute-bound, so it does not pay.
 ``auto``
-    ``threads`` on the CPU when more than one core is available and the round samples more
-    than one client, else ``sequential``. It never picks an engine meant for a GPU.
+    ``vectorized`` on CUDA for an algorithm that declares it; ``threads`` on the CPU when more
+    than one core is available; ``sequential`` otherwise, and whenever a round samples one client.
+    It never picks ``vectorized`` on the CPU.
 
-Another engine (e.g. one vectorized over clients) plugs in as one more entry of `RUNNERS`
-with the same signature, plus its rule in `resolve_engine`.
+Another engine plugs in as one more entry of `RUNNERS` with the same signature, plus its rule
+in `resolve_engine`.
 """
 from __future__ import annotations
 
@@ -26,7 +34,9 @@ import contextvars
 import logging
 import os
 import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -34,10 +44,11 @@ import torch
 
 from pflkit.config import ConfigError
 from pflkit.fl.algorithm import Algorithm, Env, Update
+from pflkit.fl.vectorized import run_together
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("auto", "sequential", "threads")
+ENGINES = ("auto", "sequential", "threads", "vectorized")
 
 # (update, the client's new state, bytes of the message it received), one per sampled id, in order
 ClientResult = tuple[Update, Any, int]
@@ -62,29 +73,40 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def fallback_reason(requested: str, *, device_type: str, thread_unsafe: str = "") -> str:
-    """Why ``threads`` (requested, or what ``auto`` would pick) cannot run a stage; "" when nothing stops it."""
-    if requested not in ("threads", "auto"):
+def fallback_reason(requested: str, *, device_type: str, thread_unsafe: str = "", vectorizable: bool = False) -> str:
+    """Why the engine ``requested`` (or what ``auto`` would pick) cannot run a stage; "" when nothing stops it."""
+    if requested not in ("threads", "auto", "vectorized"):
         return ""
     if thread_unsafe:
         return f"its client update is not thread-safe: {thread_unsafe}"
+    if requested == "vectorized" and not vectorizable:
+        return "it does not declare a vectorizable client update (Algorithm.vectorizable: local SGD only)"
     if device_type != "cpu" and requested == "threads":
         return f"the threads engine runs on the CPU only (device type {device_type!r})"
     return ""
 
 
-def resolve_engine(requested: str, *, device_type: str, cpus: int, clients: int, thread_unsafe: str = "") -> str:
+def resolve_engine(requested: str, *, device_type: str, cpus: int, clients: int, thread_unsafe: str = "",
+                   vectorizable: bool = False) -> str:
     """The engine that runs one round (pure).
 
     Args:
-        requested: ``"auto"``, ``"sequential"`` or ``"threads"`` (checked).
+        requested: one of `ENGINES` (checked).
         device_type: the run's device type (``"cpu"``, ``"cuda"``, ...).
         cpus: cores available to the process.
         clients: clients sampled this round.
         thread_unsafe: the algorithm's reason not to run in threads ("" if none).
+        vectorizable: the algorithm declares a client update the vectorized engine can batch.
     """
     check_engine(requested)
-    if requested == "sequential" or thread_unsafe or device_type != "cpu" or clients < 2:
+    if requested == "sequential" or thread_unsafe or clients < 2:
+        return "sequential"
+    if requested == "vectorized" or (requested == "auto" and device_type == "cuda"):
+        if vectorizable:
+            return "vectorized"
+        if requested == "vectorized":
+            return "sequential"
+    if device_type != "cpu":
         return "sequential"
     return "threads" if requested == "threads" or cpus > 1 else "sequential"
 
@@ -186,7 +208,71 @@ def run_threads(algo: Algorithm, state, ids: list[int], fed, client_states: dict
     return out
 
 
-RUNNERS: dict[str, Callable[..., list[ClientResult]]] = {"sequential": run_sequential, "threads": run_threads}
+_NOTED: set[tuple[str, str]] = set()
+_NOTED_LOCK = threading.Lock()
+
+
+def _noter(algo: Algorithm) -> Callable[[str], None]:
+    """A log line, once per process and reason, when the vectorized engine runs a local-SGD call alone."""
+    def note(why: str) -> None:
+        with _NOTED_LOCK:
+            if (algo.name, why) in _NOTED:
+                return
+            _NOTED.add((algo.name, why))
+        log.info("%s: the vectorized engine runs a local-SGD call on its own: %s", algo.name, why)
+    return note
+
+
+def _in_order(ids: list[int], outcomes: list[tuple[Any, BaseException | None]]) -> list[Any]:
+    """The results of ``outcomes`` in ``ids`` order; the first failure in that order is raised."""
+    out = []
+    for _, (result, error) in zip(ids, outcomes):
+        if error is not None:
+            raise error
+        out.append(result)
+    return out
+
+
+def run_vectorized(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg,
+                   env: Env) -> list[ClientResult]:
+    """The round's clients together: each update in its own thread, their local SGD batched
+    (`pflkit.fl.vectorized`); results in the order of ``ids``.
+
+    The messages are made in the calling thread, in order; each thread has its own scratch
+    modules (`worker_envs`). A client's new state enters ``client_states`` once it and every
+    client before it in ``ids`` finished, so a failure raises as the sequential engine would.
+    """
+    msgs = [algo.broadcast(state, cid, cfg, env) for cid in ids]
+    calls = [partial(_client_update, algo, msg, fed.clients[cid], client_states.get(cid), cfg, view)
+             for cid, msg, view in zip(ids, msgs, worker_envs(env, len(ids)))]
+    out = []
+    for cid, msg, (result, error) in zip(ids, msgs, run_together(calls, _noter(algo))):
+        if error is not None:
+            raise error
+        upd, client_states[cid] = result
+        out.append((upd, client_states[cid], nbytes(msg)))
+    # the global RNG as the sequential engine leaves it after a client update that draws nothing from it
+    env.seed_torch("client", ids[-1], env.round)
+    return out
+
+
+def evaluate_vectorized(algo: Algorithm, views: list, ids: list[int], fed, client_states: dict, cfg, env: Env,
+                        split: str) -> list[dict]:
+    """Each client's metrics from its evaluation view (`Algorithm.evaluate_view`), all clients in
+    threads whose local SGD (fine-tuning before the test) is batched; in the order of ``ids``."""
+    calls = [partial(algo.evaluate_view, view, fed.clients[cid], client_states.get(cid), cfg, wenv, split)
+             for cid, view, wenv in zip(ids, views, worker_envs(env, len(ids)))]
+    return _in_order(ids, run_together(calls, _noter(algo)))
+
+
+def round_engine(algo: Algorithm, env: Env, clients: int, cpus: int) -> str:
+    """`resolve_engine` for ``algo`` under ``env`` with ``clients`` clients."""
+    return resolve_engine(env.engine, device_type=torch.device(env.device).type, cpus=cpus, clients=clients,
+                          thread_unsafe=algo.thread_unsafe, vectorizable=algo.vectorizable)
+
+
+RUNNERS: dict[str, Callable[..., list[ClientResult]]] = {"sequential": run_sequential, "threads": run_threads,
+                                                         "vectorized": run_vectorized}
 
 
 def train_clients(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env,
@@ -197,8 +283,7 @@ def train_clients(algo: Algorithm, state, ids: list[int], fed, client_states: di
     ``ids`` finished, so a failure leaves the states (and raises the error) the sequential
     engine would.
     """
-    used = resolve_engine(env.engine, device_type=torch.device(env.device).type, cpus=cpus, clients=len(ids),
-                          thread_unsafe=algo.thread_unsafe)
+    used = round_engine(algo, env, len(ids), cpus)
     if used == "threads":
         return run_threads(algo, state, ids, fed, client_states, cfg, env, workers=thread_workers(cpus, len(ids))), used
     return RUNNERS[used](algo, state, ids, fed, client_states, cfg, env), used

@@ -229,7 +229,8 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
            resume: bool, test: bool, desc: str | None, transport: Transport) -> StageResult:
     """`run_rounds` once its arguments are checked, under the run's kernel backend."""
     used = set()
-    why = fallback_reason(env.engine, device_type=torch.device(env.device).type, thread_unsafe=algo.thread_unsafe)
+    why = fallback_reason(env.engine, device_type=torch.device(env.device).type, thread_unsafe=algo.thread_unsafe,
+                          vectorizable=algo.vectorizable)
     if why and cfg.rounds > 0 and transport.name == "local":
         log.info("%s: engine %s runs its clients sequentially: %s", algo.name, env.engine, why)
     t0 = time.perf_counter()

@@ -7,8 +7,10 @@ the generator passed in.
 """
 from __future__ import annotations
 
+import contextvars
 import math
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -40,54 +42,120 @@ def make_sgd(params: Iterable[torch.nn.Parameter], lr: float, momentum: float = 
     return torch.optim.SGD(list(params), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class SGDPlan:
+    """One `local_sgd` call without its batches: the model it trains in place and how.
+
+    The loop over the batches is `run_sgd`; the vectorized engine (`pflkit.fl.vectorized`)
+    runs the plans of many clients together instead, from the same batch streams.
+
+    Attributes:
+        model: the module trained in place (its parameters and buffers).
+        params: the parameters that move (the others stay as they are).
+        lr, momentum, weight_decay: `torch.optim.SGD`'s settings.
+        max_grad_norm: clip the gradient of ``params`` to this 2-norm (0: no clipping).
+        extra_loss: ``extra_loss(model)`` added to the loss (a free-form regularizer).
+        criterion: ``criterion(model, x, y)`` replacing the mean cross-entropy.
+        prox: ``(lam, anchor)``: adds ``lam / 2 * sum ||p - anchor[name]||^2`` over the model's
+            parameters (`proximal_penalty`; Ditto's pull toward the global model).
+        where: names the training in a `Diverged` error.
+    """
+
+    model: nn.Module
+    params: list[torch.nn.Parameter]
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 0.0
+    extra_loss: Callable[[nn.Module], torch.Tensor] | None = None
+    criterion: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    prox: tuple[float, dict[str, torch.Tensor]] | None = None
+    where: str = "local training"
+
+
+# Set by the vectorized engine in each client thread: ``offload(plan, batches) -> (stats, batches)``
+# trains the plan elsewhere and returns its stats, or returns ``(None, batches)`` (the batches not
+# drawn yet) for `local_sgd` to run the loop here. Unset (None): the loop always runs here.
+SGD_OFFLOAD: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("pflkit_sgd_offload", default=None)
+
+
+def proximal_penalty(named_params: Iterable[tuple[str, torch.Tensor]], anchor: dict[str, torch.Tensor],
+                     lam: float) -> torch.Tensor:
+    """``lam / 2 * sum_name ||p - anchor[name]||^2`` (Ditto's regularizer h_k, FedProx's term)."""
+    return 0.5 * lam * sum((p - anchor[n].to(p.device)).pow(2).sum() for n, p in named_params)
+
+
+def sgd_batches(client: Client, split: str, batch_size: int, generator: torch.Generator, *, epochs: int = 1,
+                steps: int = 0, device=None, augment: bool = True) -> Iterator[Batch]:
+    """The batches of a local training, drawn lazily from ``generator``: ``steps`` fresh random batches
+    when ``steps > 0`` (pFedHN's K local steps), else ``epochs`` shuffled passes over ``split``."""
+    if steps > 0:
+        for _ in range(steps):
+            yield client.random_batch(split, batch_size, generator, device, augment)
+    else:
+        for _ in range(epochs):
+            yield from client.batches(split, batch_size, generator, shuffle=True, device=device, augment=augment)
+
+
 def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, generator: torch.Generator,
               epochs: int = 1, steps: int = 0, momentum: float = 0.0, weight_decay: float = 0.0,
               params: Iterable[torch.nn.Parameter] | None = None, max_grad_norm: float = 0.0,
               extra_loss: Callable[[nn.Module], torch.Tensor] | None = None, split: str = "train",
               augment: bool = True, device=None, where: str = "local training",
-              criterion: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-              ) -> dict[str, float]:
+              criterion: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+              prox: tuple[float, dict[str, torch.Tensor]] | None = None) -> dict[str, float]:
     """Plain (momentum) SGD on a client's split; the model is trained in place.
 
     Runs ``steps`` steps on fresh random batches when ``steps > 0`` (pFedHN's K local
     steps), otherwise ``epochs`` shuffled passes. ``params`` restricts which parameters
-    move (FedPer heads, FedBABU bodies); ``extra_loss(model)`` adds a regularizer
-    (FedProx, Ditto). ``criterion(model, x, y)`` replaces the data term, the mean
-    cross-entropy of ``model(x)`` (pFedVEM's base step averages it over sampled heads).
-    Raises `Diverged` on a non-finite loss (checked once, after the last step: the
+    move (FedPer heads, FedBABU bodies); ``prox = (lam, anchor)`` adds Ditto's / FedProx's
+    proximal term, ``extra_loss(model)`` any other regularizer (a free-form one keeps the
+    vectorized engine from batching this call). ``criterion(model, x, y)`` replaces the data
+    term, the mean cross-entropy of ``model(x)`` (pFedVEM's base step averages it over sampled
+    heads). Raises `Diverged` on a non-finite loss (checked once, after the last step: the
     losses are summed on the device, so no step waits for the host).
 
     Returns:
         ``{"loss": mean training loss, "steps": steps taken, "samples": samples seen}``.
     """
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
-    opt = make_sgd(params, lr, momentum, weight_decay)
+    plan = SGDPlan(model, params, lr, momentum, weight_decay, max_grad_norm, extra_loss, criterion, prox, where)
+    batches = sgd_batches(client, split, batch_size, generator, epochs=epochs, steps=steps, device=device,
+                          augment=augment)
+    offload = SGD_OFFLOAD.get()
+    if offload is not None:
+        model.train()  # the mode the plan is run in, wherever that is
+        stats, batches = offload(plan, batches)
+        if stats is not None:
+            return stats
+    return run_sgd(plan, batches)
+
+
+def run_sgd(plan: SGDPlan, batches: Iterable[Batch]) -> dict[str, float]:
+    """`local_sgd`'s loop: one SGD step of ``plan`` per batch, here, on ``plan.model``."""
+    model, params = plan.model, plan.params
+    opt = make_sgd(params, plan.lr, plan.momentum, plan.weight_decay)
     model.train()
     total, seen, taken = 0.0, 0, 0
-
-    def step(xb, yb):
-        nonlocal total, seen, taken
+    for xb, yb in batches:
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb) if criterion is None else criterion(model, xb, yb)
-        if extra_loss is not None:
-            loss = loss + extra_loss(model)
+        loss = F.cross_entropy(model(xb), yb) if plan.criterion is None else plan.criterion(model, xb, yb)
+        if plan.prox is not None:
+            loss = loss + proximal_penalty(model.named_parameters(), plan.prox[1], plan.prox[0])
+        if plan.extra_loss is not None:
+            loss = loss + plan.extra_loss(model)
         loss.backward()
-        if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if plan.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm)
         opt.step()
         # float64 on the device: the same sum as Python floats, without a sync per step
         total = total + loss.detach().double() * len(yb)
         seen += len(yb)
         taken += 1
-
-    if steps > 0:
-        for _ in range(steps):
-            step(*client.random_batch(split, batch_size, generator, device, augment))
-    else:
-        for _ in range(epochs):
-            for xb, yb in client.batches(split, batch_size, generator, shuffle=True, device=device, augment=augment):
-                step(xb, yb)
-    return {"loss": check_finite(float(total), where) / max(seen, 1), "steps": taken, "samples": seen}
+    return {"loss": check_finite(float(total), plan.where) / max(seen, 1), "steps": taken, "samples": seen}
 
 
 def round_sgd(model: nn.Module, client: Client, cfg, env, *, key: tuple = (), **overrides) -> dict[str, float]:

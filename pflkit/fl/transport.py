@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 
 from pflkit.fl.algorithm import Algorithm, Env, Update
-from pflkit.fl.engines import available_cpus, nbytes, train_clients
+from pflkit.fl.engines import available_cpus, evaluate_vectorized, nbytes, round_engine, train_clients
 
 
 @dataclass
@@ -74,7 +74,13 @@ class Transport(Protocol):
 
 def evaluate_clients(algo: Algorithm, state, client_states: dict, fed, ids, cfg, env: Env, split: str) -> Evaluation:
     """Each client of ``ids`` evaluated on ``split`` in this process, from what would travel to it
-    (`Algorithm.eval_view`); the bytes are those views'."""
+    (`Algorithm.eval_view`); the bytes are those views'. Under the ``vectorized`` engine the
+    clients are evaluated together (their fine-tuning batched), else one after another."""
+    ids = list(ids)
+    if round_engine(algo, env, len(ids), available_cpus()) == "vectorized":
+        views = [algo.eval_view(state, cid, cfg, env) for cid in ids]
+        metrics = evaluate_vectorized(algo, views, ids, fed, client_states, cfg, env, split)
+        return Evaluation(dict(zip(ids, metrics)), {}, sum(nbytes(v) for v in views))
     out, down = {}, 0
     for cid in ids:
         env.seed_torch("eval", cid, split)

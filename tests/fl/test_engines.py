@@ -155,12 +155,12 @@ def test_an_unsafe_algorithm_runs_sequentially_and_says_why(fed, caplog):
 
 def test_a_bad_engine_is_one_line_naming_it_before_any_work(fed):
     algo = ALGORITHMS["fedavg"]
-    env = dataclasses.replace(digits_env(), engine="vectorized")
+    env = dataclasses.replace(digits_env(), engine="vmap")
     calls = []
     spy = replace(algo, init=lambda *a: calls.append(1) or algo.init(*a))
     with pytest.raises(ConfigError) as err:
         run_rounds(spy, _config("fedavg"), fed, env.model_fn(), env)
-    assert str(err.value) == "engine='vectorized': expected one of auto, sequential, threads"
+    assert str(err.value) == "engine='vmap': expected one of auto, sequential, threads, vectorized"
     assert calls == []
     with pytest.raises(ConfigError, match="engine='gpu'"):
         check_engine("gpu")
@@ -245,8 +245,8 @@ def test_auto_resolution_rules():
     assert resolve_engine("threads", cpus=8, clients=1, **cpu) == "sequential"
     assert resolve_engine("threads", cpus=8, clients=4, device_type="cuda") == "sequential"
     assert resolve_engine("threads", cpus=8, clients=4, thread_unsafe="x", **cpu) == "sequential"
-    with pytest.raises(ConfigError, match="engine='vectorized'"):
-        resolve_engine("vectorized", cpus=2, clients=2, **cpu)
+    with pytest.raises(ConfigError, match="engine='vmap'"):
+        resolve_engine("vmap", cpus=2, clients=2, **cpu)
 
 
 def test_fallback_reasons_and_worker_counts():

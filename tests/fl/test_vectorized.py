@@ -1,0 +1,259 @@
+"""The vectorized engine gives the sequential engine's numbers, to float rounding, on the CPU.
+
+Every algorithm that declares a vectorizable client update (`Algorithm.vectorizable`) is run
+both ways on a small federation whose clients have unequal sizes (so the lockstep meets short
+last batches and clients that finish early), and the server state, client states, per-client
+metrics and history are compared with the float32 tolerance of `tests/conftest.py`. The
+others must fall back to the sequential engine and give its numbers bitwise. The lockstep
+SGD (`pflkit.fl.vectorized`) is also checked on its own against `run_sgd`, setting by setting
+(momentum, weight decay, clipping, a trainable subset, the proximal term, BatchNorm buffers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pflkit.algorithms import ALGORITHMS
+from pflkit.errors import Diverged
+from pflkit.fl import engines
+from pflkit.fl.engines import fallback_reason, resolve_engine
+from pflkit.fl.federation import build_federation
+from pflkit.fl.loop import run_rounds
+from pflkit.fl.train import SGDPlan, get_state, local_sgd, run_sgd
+from pflkit.fl.vectorized import Request, run_plans, run_together, signature, why_not
+from tests.conftest import TOL
+from tests.fl.test_engines import SETTINGS, _config
+from tests.helpers_data import digits_dataset, digits_env
+
+F32 = TOL[torch.float32]
+VECTORIZABLE = sorted(n for n, a in ALGORITHMS.items() if a.vectorizable)
+OTHERS = sorted(n for n, a in ALGORITHMS.items() if not a.vectorizable)
+
+
+@pytest.fixture(scope="module")
+def fed():
+    # Dir(0.5) over 4 clients: unequal train sizes, so last batches differ in size
+    return build_federation(digits_dataset(600), "dirichlet", 4, seed=0, alpha=0.5)
+
+
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(algo, cfg, fed, engine: str, seed: int = 1):
+    env = dataclasses.replace(digits_env(seed=seed), engine=engine)
+    env.seed_torch("init")
+    return run_rounds(algo, cfg, fed, env.model_fn(), env)
+
+
+def assert_close(a, b, path="$"):
+    """Structural equality with floats (tensors, Python floats) equal to the float32 tolerance."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype, path
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, **F32, equal_nan=True, msg=path)
+        else:
+            assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_close(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert math.isclose(a, b, rel_tol=F32["rtol"], abs_tol=F32["atol"]) or (math.isnan(a) and math.isnan(b)), \
+            f"{path}: {a} != {b}"
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_allclose(a, b, **F32, err_msg=path)
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _history(result):
+    return [{k: v for k, v in row.items() if k not in ("seconds", "engine")} for row in result.history]
+
+
+@pytest.mark.parametrize("name", VECTORIZABLE)
+def test_vectorized_gives_the_sequential_numbers(fed, name, monkeypatch):
+    algo = ALGORITHMS[name]
+    cfg = dataclasses.replace(_config(name), momentum=0.5)  # momentum buffers in the stacks too
+    alone = []  # every local-SGD call must be batched, none run on its own
+    monkeypatch.setattr(engines, "_noter", lambda algo: alone.append)
+    seq, vec = _run(algo, cfg, fed, "sequential"), _run(algo, cfg, fed, "vectorized")
+    assert alone == []
+    assert seq.status == vec.status == "ok", (seq.error, vec.error)
+    assert (seq.engine, vec.engine) == ("sequential", "vectorized" if cfg.rounds else "")
+    assert_close(vec.state, seq.state, "state")
+    assert_close(vec.client_states, seq.client_states, "client_states")
+    assert_close(vec.per_client, seq.per_client, "per_client")
+    assert_close(_history(vec), _history(seq), "history")
+    assert seq.best_round == vec.best_round
+
+
+@pytest.mark.parametrize("name", [n for n in OTHERS if n not in ("fedl2p_fomaml", "fedl2p_bnnet",
+                                                                   "fedl2p_lrnet_beta1", "fedl2p_lrnet_beta0")])
+def test_algorithms_that_do_not_declare_it_run_sequentially_and_say_why(fed, name, caplog):
+    algo, cfg = ALGORITHMS[name], _config(name)
+    with caplog.at_level(logging.INFO, logger="pflkit.fl.loop"):
+        vec = _run(algo, cfg, fed, "vectorized")
+    assert vec.engine == "sequential"
+    assert "does not declare a vectorizable client update" in caplog.text
+    seq = _run(algo, cfg, fed, "sequential")
+    assert_close(vec.state, seq.state, "state")
+    assert vec.summary == seq.summary or math.isnan(seq.summary["acc"])
+
+
+def test_engine_choice():
+    cpu, cuda = {"device_type": "cpu"}, {"device_type": "cuda"}
+    assert resolve_engine("auto", cpus=16, clients=10, vectorizable=True, **cpu) == "threads"  # never on the CPU
+    assert resolve_engine("auto", cpus=1, clients=10, vectorizable=True, **cpu) == "sequential"
+    assert resolve_engine("auto", cpus=16, clients=10, vectorizable=True, **cuda) == "vectorized"
+    assert resolve_engine("auto", cpus=16, clients=10, vectorizable=False, **cuda) == "sequential"
+    assert resolve_engine("auto", cpus=16, clients=1, vectorizable=True, **cuda) == "sequential"
+    assert resolve_engine("vectorized", cpus=1, clients=3, vectorizable=True, **cpu) == "vectorized"
+    assert resolve_engine("vectorized", cpus=8, clients=3, vectorizable=False, **cpu) == "sequential"
+    assert resolve_engine("vectorized", cpus=8, clients=3, vectorizable=True, thread_unsafe="x", **cuda) == "sequential"
+    assert "does not declare" in fallback_reason("vectorized", device_type="cuda")
+    assert fallback_reason("vectorized", device_type="cuda", vectorizable=True) == ""
+
+
+# ----------------------------------------------------------------------------- the lockstep itself
+
+class Net(nn.Module):
+    """Conv-BN-ReLU-Linear: parameters, BatchNorm buffers, a head to train alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 6 * 6, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _batches(seed: int, sizes: list[int]):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
+
+
+def _plans(n: int, **settings):
+    torch.manual_seed(0)
+    models = [Net() for _ in range(n)]
+    for i, m in enumerate(models):  # different starting points per client
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.01 * i)
+    subset = settings.pop("head_only", False)
+    prox = settings.pop("prox", None)
+    return [SGDPlan(m, list(m.head.parameters()) if subset else list(m.parameters()), prox=prox and
+                    (prox, {k: v + 0.1 for k, v in get_state(m).items()}), **settings) for m in models]
+
+
+# client sizes: a short last batch for some, an early end for others, one client with no batch at all
+SIZES = [[8, 8, 3], [8, 8, 8, 8], [8, 5], [], [8]]
+
+
+@pytest.mark.parametrize("settings", [
+    {"lr": 0.1},
+    {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3},
+    {"lr": 0.5, "max_grad_norm": 0.5},
+    {"lr": 0.1, "momentum": 0.5, "head_only": True},
+    {"lr": 0.1, "prox": 0.7},
+], ids=["plain", "momentum-decay", "clipping", "head-only", "proximal"])
+def test_lockstep_sgd_equals_the_loop_per_client(settings):
+    ref, vec = _plans(len(SIZES), **dict(settings)), _plans(len(SIZES), **dict(settings))
+    expected = [run_sgd(p, iter(_batches(i, s))) for i, (p, s) in enumerate(zip(ref, SIZES))]
+    for p in vec:
+        p.model.train()
+    reqs = [Request(p, iter(_batches(i, s))) for i, (p, s) in enumerate(zip(vec, SIZES))]
+    run_plans(reqs, note=pytest.fail)
+    for r, want, p_ref in zip(reqs, expected, ref):
+        assert r.error is None and r.stats["steps"] == want["steps"] and r.stats["samples"] == want["samples"]
+        assert math.isclose(r.stats["loss"], want["loss"], rel_tol=F32["rtol"], abs_tol=F32["atol"])
+        assert_close(get_state(r.plan.model), get_state(p_ref.model), "state")  # BN running stats included
+    assert not torch.equal(vec[0].model.conv.weight, vec[1].model.conv.weight)
+
+
+def test_a_diverging_client_fails_alone():
+    plans = _plans(2, lr=0.1)
+    bad = _batches(0, [8])
+    bad[0][0][0, 0, 0, 0] = float("nan")
+    reqs = [Request(plans[0], iter(bad)), Request(plans[1], iter(_batches(1, [8])))]
+    run_plans(reqs, note=pytest.fail)
+    assert isinstance(reqs[0].error, Diverged) and reqs[1].error is None and reqs[1].stats["steps"] == 1
+
+
+def test_what_cannot_be_batched_says_why():
+    (plan,) = _plans(1, lr=0.1)
+    assert why_not(plan) == ""
+    assert "criterion" in why_not(dataclasses.replace(plan, criterion=lambda m, x, y: m(x).sum()))
+    assert "extra loss" in why_not(dataclasses.replace(plan, extra_loss=lambda m: 0))
+    assert "no trainable" in why_not(dataclasses.replace(plan, params=[]))
+    assert "outside its model" in why_not(dataclasses.replace(plan, params=[nn.Parameter(torch.zeros(1))]))
+    h = plan.model.head.weight.register_hook(lambda g: g)
+    assert "gradient hooks" in why_not(plan)
+    h.remove()
+    dropout = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(64, 10)).train()
+    assert "dropout" in why_not(SGDPlan(dropout, list(dropout.parameters()), lr=0.1))
+    plan.model.bn.beta = torch.zeros(4)
+    assert "tensor attribute 'beta'" in why_not(plan)
+
+
+def test_groups_follow_the_signature():
+    a, b = _plans(2, lr=0.1)
+    assert signature(a) == signature(b)
+    assert signature(a) != signature(dataclasses.replace(b, lr=0.2))
+    assert signature(a) != signature(dataclasses.replace(b, params=list(b.model.head.parameters())))
+    b.model.eval()
+    assert signature(a) != signature(b)
+
+
+def test_threads_meet_and_unbatchable_calls_run_where_they_are(fed):
+    """Two local-SGD calls per client (one batchable, one with a free-form loss), run together:
+    the same models as the calls made one after another."""
+    env = digits_env(seed=3)
+
+    def update(cid, model):
+        g1, g2 = env.generator("a", cid), env.generator("b", cid)
+        first = local_sgd(model, fed.clients[cid], lr=0.1, batch_size=16, generator=g1)
+        second = local_sgd(model, fed.clients[cid], lr=0.1, batch_size=16, generator=g2,
+                           extra_loss=lambda m: 0.01 * m.head.weight.pow(2).sum())
+        return first["loss"], second["loss"], get_state(model)
+
+    def fresh():
+        env.seed_torch("init")
+        return [env.model_fn() for _ in range(3)]
+
+    expected = [update(c, m) for c, m in enumerate(fresh())]
+    notes = []
+    got = run_together([lambda c=c, m=m: update(c, m) for c, m in enumerate(fresh())], note=notes.append)
+    assert all(err is None for _, err in got)
+    assert notes and all("extra loss" in n for n in notes)
+    for (res, _), want in zip(got, expected):
+        assert_close(res, want)
+
+
+def test_a_failing_client_raises_in_order_and_the_others_finish():
+    def ok():
+        return 1
+
+    def boom():
+        raise ValueError("client 1 broke")
+
+    got = run_together([ok, boom, ok], note=print)
+    assert [r for r, _ in got] == [1, None, 1] and isinstance(got[1][1], ValueError)
+    with pytest.raises(ValueError, match="client 1 broke"):
+        engines._in_order([0, 1, 2], got)
