@@ -79,7 +79,6 @@ is folded into the loss so it is masked too), so frozen entries never move.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -216,40 +215,35 @@ def keep_largest(scores: dict[str, torch.Tensor], candidates: Mask, share: float
     return out
 
 
-@contextmanager
-def masked_parameters(model: nn.Module, trainable: Mask):
-    """Yield the parameters with a trainable entry; gradients of the other entries are zeroed."""
+def masked_parameters(model: nn.Module, trainable: Mask) -> tuple[list[nn.Parameter], list[torch.Tensor | None]]:
+    """(the parameters with a trainable entry, a gradient mask for each: None where every entry trains)."""
     params = dict(model.named_parameters())
-    chosen, hooks = [], []
-    try:
-        for name, m in trainable.items():
-            if not bool(m.any()):
-                continue
-            p = params[name]
-            chosen.append(p)
-            if not bool(m.all()):
-                keep = m.to(device=p.device, dtype=p.dtype)
-                hooks.append(p.register_hook(lambda g, keep=keep: g * keep))
-        yield chosen
-    finally:
-        for h in hooks:
-            h.remove()
-        model.zero_grad(set_to_none=True)
+    chosen, masks = [], []
+    for name, m in trainable.items():
+        if not bool(m.any()):
+            continue
+        p = params[name]
+        chosen.append(p)
+        masks.append(None if bool(m.all()) else m.to(device=p.device, dtype=p.dtype))
+    return chosen, masks
 
 
 def masked_sgd(model: nn.Module, client, trainable: Mask, cfg: FLConfig, env, epochs: int, key=()) -> dict:
     """``epochs`` of local SGD moving only the ``trainable`` entries (names absent are frozen).
 
-    The batches come from ``env.generator("client", id, round, *key)``.
+    The batches come from ``env.generator("client", id, round, *key)``. The weight decay is a
+    loss term (`local_sgd`'s ``loss_decay``): SGD's own would move frozen entries, the gradient
+    masks stop this one.
     """
-    with masked_parameters(model, trainable) as params:
-        if not params or epochs == 0:
-            return {"loss": math.nan, "steps": 0, "samples": 0}
-        wd = cfg.weight_decay
-        # SGD's own weight decay would move frozen entries; as a loss term the hook masks it
-        extra = (lambda _m: 0.5 * wd * sum(p.pow(2).sum() for p in params)) if wd > 0 else None
+    params, masks = masked_parameters(model, trainable)
+    if not params or epochs == 0:
+        return {"loss": math.nan, "steps": 0, "samples": 0}
+    try:
         return round_sgd(model, client, cfg, env, key=key, epochs=epochs, steps=0, weight_decay=0.0, params=params,
-                         extra_loss=extra, where=f"client {client.id} {'/'.join(map(str, key))}")
+                         grad_masks=masks, loss_decay=cfg.weight_decay,
+                         where=f"client {client.id} {'/'.join(map(str, key))}")
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,6 +544,7 @@ FEDSELECT = Algorithm(
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
     global_model=lambda state: state["weights"], report=mask_report,
     eval_view=lambda state, cid, cfg, env: {"weights": state["weights"]},  # not every client's mask
+    vectorizable=True,
 )
 
 FEDSELECT_V2 = replace(FEDSELECT, name="fedselect_v2", label="FedSelectv2", config=FedSelectV2Config)

@@ -61,6 +61,10 @@ class SGDPlan:
         criterion: ``criterion(model, x, y)`` replacing the mean cross-entropy.
         prox: ``(lam, anchor)``: adds ``lam / 2 * sum ||p - anchor[name]||^2`` over the model's
             parameters (`proximal_penalty`; Ditto's pull toward the global model).
+        loss_decay: adds ``loss_decay / 2 * sum ||p||^2`` over ``params``: a weight decay that,
+            unlike SGD's, passes through ``grad_masks``.
+        grad_masks: one mask (or None) per entry of ``params``, multiplying that parameter's
+            gradient (FedSelect's frozen entries: 0); applied before clipping.
         where: names the training in a `Diverged` error.
     """
 
@@ -73,6 +77,8 @@ class SGDPlan:
     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None
     criterion: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     prox: tuple[float, dict[str, torch.Tensor]] | None = None
+    loss_decay: float = 0.0
+    grad_masks: list[torch.Tensor | None] | None = None
     where: str = "local training"
 
 
@@ -106,14 +112,16 @@ def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, g
               extra_loss: Callable[[nn.Module], torch.Tensor] | None = None, split: str = "train",
               augment: bool = True, device=None, where: str = "local training",
               criterion: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-              prox: tuple[float, dict[str, torch.Tensor]] | None = None) -> dict[str, float]:
+              prox: tuple[float, dict[str, torch.Tensor]] | None = None, loss_decay: float = 0.0,
+              grad_masks: list[torch.Tensor | None] | None = None) -> dict[str, float]:
     """Plain (momentum) SGD on a client's split; the model is trained in place.
 
     Runs ``steps`` steps on fresh random batches when ``steps > 0`` (pFedHN's K local
     steps), otherwise ``epochs`` shuffled passes. ``params`` restricts which parameters
-    move (FedPer heads, FedBABU bodies); ``prox = (lam, anchor)`` adds Ditto's / FedProx's
-    proximal term, ``extra_loss(model)`` any other regularizer (a free-form one keeps the
-    vectorized engine from batching this call). ``criterion(model, x, y)`` replaces the data
+    move (FedPer heads, FedBABU bodies) and ``grad_masks`` which of their entries (FedSelect);
+    ``prox = (lam, anchor)`` adds Ditto's / FedProx's proximal term, ``loss_decay`` a weight
+    decay the masks apply to, ``extra_loss(model)`` any other regularizer (a free-form one keeps
+    the vectorized engine from batching this call). ``criterion(model, x, y)`` replaces the data
     term, the mean cross-entropy of ``model(x)`` (pFedVEM's base step averages it over sampled
     heads). Raises `Diverged` on a non-finite loss (checked once, after the last step: the
     losses are summed on the device, so no step waits for the host).
@@ -122,7 +130,8 @@ def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, g
         ``{"loss": mean training loss, "steps": steps taken, "samples": samples seen}``.
     """
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
-    plan = SGDPlan(model, params, lr, momentum, weight_decay, max_grad_norm, extra_loss, criterion, prox, where)
+    plan = SGDPlan(model, params, lr, momentum, weight_decay, max_grad_norm, extra_loss, criterion, prox, loss_decay,
+                   grad_masks, where)
     batches = sgd_batches(client, split, batch_size, generator, epochs=epochs, steps=steps, device=device,
                           augment=augment)
     offload = SGD_OFFLOAD.get()
@@ -145,9 +154,14 @@ def run_sgd(plan: SGDPlan, batches: Iterable[Batch]) -> dict[str, float]:
         loss = F.cross_entropy(model(xb), yb) if plan.criterion is None else plan.criterion(model, xb, yb)
         if plan.prox is not None:
             loss = loss + proximal_penalty(model.named_parameters(), plan.prox[1], plan.prox[0])
+        if plan.loss_decay > 0:
+            loss = loss + 0.5 * plan.loss_decay * sum(p.pow(2).sum() for p in params)
         if plan.extra_loss is not None:
             loss = loss + plan.extra_loss(model)
         loss.backward()
+        for p, mask in zip(params, plan.grad_masks or ()):
+            if mask is not None and p.grad is not None:
+                p.grad.mul_(mask)
         if plan.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm)
         opt.step()

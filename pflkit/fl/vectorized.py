@@ -89,7 +89,7 @@ def signature(plan: SGDPlan) -> tuple:
     return (type(model), repr(model), tuple(m.training for m in model.modules()),
             tuple((n, tuple(t.shape), t.dtype, str(t.device)) for n, t in tensors),
             tuple(names[id(p)] for p in plan.params), plan.lr, plan.momentum, plan.weight_decay,
-            plan.max_grad_norm, None if plan.prox is None else plan.prox[0])
+            plan.max_grad_norm, None if plan.prox is None else plan.prox[0], plan.loss_decay)
 
 
 # ----------------------------------------------------------------------------- one group in lockstep
@@ -109,13 +109,16 @@ class _Fallback(Exception):
     """The group's first vmapped step failed: its plans run one by one instead."""
 
 
-def _loss_fn(template: nn.Module, names: list[str], lam: float | None) -> Callable:
-    """``(trainable, frozen, buffers, x, y, anchor) -> (loss, loss)`` of one client, for ``grad``."""
+def _loss_fn(template: nn.Module, names: list[str], lam: float | None, decay: float) -> Callable:
+    """``(trainable, frozen, buffers, x, y, anchor) -> (loss, loss)`` of one client, for ``grad``: the
+    terms of `pflkit.fl.train.run_sgd`, in its order."""
     def loss(trainable, frozen, buffers, x, y, anchor):
         weights = {**trainable, **frozen}
         value = F.cross_entropy(functional_call(template, {**weights, **buffers}, (x,)), y)
         if lam is not None:
             value = value + proximal_penalty(((n, weights[n]) for n in names), anchor, lam)
+        if decay > 0:
+            value = value + 0.5 * decay * sum(p.pow(2).sum() for p in trainable.values())
         return value, value.detach()
     return loss
 
@@ -136,12 +139,14 @@ class _Group:
             self.B = {n: torch.stack([dict(p.model.named_buffers())[n] for p in plans]) for n in self.bnames}
             self.A = None if first.prox is None else {
                 n: torch.stack([p.prox[1][n].to(self.P[n].device, self.P[n].dtype) for p in plans]) for n in self.names}
+            masked = {n for p in plans for n, m in zip(self.train, p.grad_masks or ()) if m is not None}
+            self.G = {n: torch.stack([_mask_of(p, n, self.train, self.P[n][0]) for p in plans]) for n in masked}
         self.M = {n: torch.zeros_like(self.P[n]) for n in self.train} if first.momentum else {}
         device = self.P[self.names[0]].device
         self.total = torch.zeros(len(plans), dtype=torch.float64, device=device)
         self.seen, self.taken = [0] * len(plans), [0] * len(plans)
         lam = None if first.prox is None else first.prox[0]
-        self.step_fn = vmap(grad(_loss_fn(self.template, self.names, lam), has_aux=True),
+        self.step_fn = vmap(grad(_loss_fn(self.template, self.names, lam, first.loss_decay), has_aux=True),
                             in_dims=(0, 0, 0, 0, 0, None if self.A is None else 0))
 
     def step(self, idx: list[int], x: torch.Tensor, y: torch.Tensor) -> None:
@@ -162,6 +167,7 @@ class _Group:
             if not full:
                 for n in self.bnames:
                     self.B[n].index_copy_(0, sel, buffers[n])
+            grads = {n: grads[n] * take(self.G[n]) if n in self.G else grads[n] for n in self.train}
             if plan.max_grad_norm > 0:
                 grads = _clipped(grads, self.train, plan.max_grad_norm)
             for n in self.train:  # torch.optim.SGD (dampening 0, no Nesterov), per client
@@ -198,6 +204,13 @@ class _Group:
         """`local_sgd`'s return value for client ``i`` (`Diverged` on a non-finite loss)."""
         loss = check_finite(float(self.total[i]), self.plans[i].where) / max(self.seen[i], 1)
         return {"loss": loss, "steps": self.taken[i], "samples": self.seen[i]}
+
+
+def _mask_of(plan: SGDPlan, name: str, train: list[str], like: torch.Tensor) -> torch.Tensor:
+    """``plan``'s gradient mask of trainable tensor ``name`` (ones where it has none)."""
+    masks = dict(zip(train, plan.grad_masks or ()))
+    mask = masks.get(name)
+    return torch.ones_like(like) if mask is None else mask.to(like.device, like.dtype)
 
 
 def _clipped(grads: dict, names: list[str], max_norm: float) -> dict:
