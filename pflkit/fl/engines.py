@@ -233,6 +233,19 @@ def _in_order(ids: list[int], outcomes: list[tuple[Any, BaseException | None]]) 
     return out
 
 
+def together_limit() -> int:
+    """Clients the vectorized engine trains or evaluates at once: ``$PFLKIT_VECTOR_CLIENTS``, else 128
+    (a round of more clients runs in chunks of that many; each client in flight holds its own
+    scratch model and its share of the stacked weights and activations)."""
+    value = os.environ.get("PFLKIT_VECTOR_CLIENTS", "")
+    return int(value) if value.isdigit() and int(value) >= 1 else 128
+
+
+def _chunks(ids: list[int]) -> list[list[int]]:
+    size = together_limit()
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+
+
 def run_vectorized(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg,
                    env: Env) -> list[ClientResult]:
     """The round's clients together: each update in its own thread, their local SGD batched
@@ -242,27 +255,34 @@ def run_vectorized(algo: Algorithm, state, ids: list[int], fed, client_states: d
     modules (`worker_envs`). A client's new state enters ``client_states`` once it and every
     client before it in ``ids`` finished, so a failure raises as the sequential engine would.
     """
-    msgs = [algo.broadcast(state, cid, cfg, env) for cid in ids]
-    calls = [partial(_client_update, algo, msg, fed.clients[cid], client_states.get(cid), cfg, view)
-             for cid, msg, view in zip(ids, msgs, worker_envs(env, len(ids)))]
     out = []
-    for cid, msg, (result, error) in zip(ids, msgs, run_together(calls, _noter(algo))):
-        if error is not None:
-            raise error
-        upd, client_states[cid] = result
-        out.append((upd, client_states[cid], nbytes(msg)))
+    for chunk in _chunks(list(ids)):
+        msgs = [algo.broadcast(state, cid, cfg, env) for cid in chunk]
+        calls = [partial(_client_update, algo, msg, fed.clients[cid], client_states.get(cid), cfg, view)
+                 for cid, msg, view in zip(chunk, msgs, worker_envs(env, len(chunk)))]
+        for cid, msg, (result, error) in zip(chunk, msgs, run_together(calls, _noter(algo))):
+            if error is not None:
+                raise error
+            upd, client_states[cid] = result
+            out.append((upd, client_states[cid], nbytes(msg)))
     # the global RNG as the sequential engine leaves it after a client update that draws nothing from it
     env.seed_torch("client", ids[-1], env.round)
     return out
 
 
-def evaluate_vectorized(algo: Algorithm, views: list, ids: list[int], fed, client_states: dict, cfg, env: Env,
-                        split: str) -> list[dict]:
-    """Each client's metrics from its evaluation view (`Algorithm.evaluate_view`), all clients in
-    threads whose local SGD (fine-tuning before the test) is batched; in the order of ``ids``."""
-    calls = [partial(algo.evaluate_view, view, fed.clients[cid], client_states.get(cid), cfg, wenv, split)
-             for cid, view, wenv in zip(ids, views, worker_envs(env, len(ids)))]
-    return _in_order(ids, run_together(calls, _noter(algo)))
+def evaluate_vectorized(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg, env: Env,
+                        split: str) -> tuple[dict[int, dict], int]:
+    """(each client's metrics on ``split``, bytes of the views sent): the clients in threads whose local
+    SGD (fine-tuning before the test) is batched, from their evaluation views (`Algorithm.eval_view`,
+    made in the calling thread, in order)."""
+    metrics, down = {}, 0
+    for chunk in _chunks(list(ids)):
+        views = [algo.eval_view(state, cid, cfg, env) for cid in chunk]
+        calls = [partial(algo.evaluate_view, view, fed.clients[cid], client_states.get(cid), cfg, wenv, split)
+                 for cid, view, wenv in zip(chunk, views, worker_envs(env, len(chunk)))]
+        metrics.update(zip(chunk, _in_order(chunk, run_together(calls, _noter(algo)))))
+        down += sum(nbytes(v) for v in views)
+    return metrics, down
 
 
 def round_engine(algo: Algorithm, env: Env, clients: int, cpus: int) -> str:

@@ -78,9 +78,8 @@ def evaluate_clients(algo: Algorithm, state, client_states: dict, fed, ids, cfg,
     clients are evaluated together (their fine-tuning batched), else one after another."""
     ids = list(ids)
     if round_engine(algo, env, len(ids), available_cpus()) == "vectorized":
-        views = [algo.eval_view(state, cid, cfg, env) for cid in ids]
-        metrics = evaluate_vectorized(algo, views, ids, fed, client_states, cfg, env, split)
-        return Evaluation(dict(zip(ids, metrics)), {}, sum(nbytes(v) for v in views))
+        metrics, down = evaluate_vectorized(algo, state, ids, fed, client_states, cfg, env, split)
+        return Evaluation(metrics, {}, down)
     out, down = {}, 0
     for cid in ids:
         env.seed_torch("eval", cid, split)

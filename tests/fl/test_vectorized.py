@@ -275,3 +275,17 @@ def test_a_failing_client_raises_in_order_and_the_others_finish():
     assert [r for r, _ in got] == [1, None, 1] and isinstance(got[1][1], ValueError)
     with pytest.raises(ValueError, match="client 1 broke"):
         engines._in_order([0, 1, 2], got)
+
+
+def test_rounds_of_many_clients_run_in_chunks(fed, monkeypatch):
+    """With at most 3 clients at once, a round of 4 runs as 3 + 1: the same numbers."""
+    cfg = _config("fedavg")
+    whole = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized")
+    sizes = []
+    real = engines.run_together
+    monkeypatch.setattr(engines, "run_together", lambda calls, note: sizes.append(len(calls)) or real(calls, note))
+    monkeypatch.setenv("PFLKIT_VECTOR_CLIENTS", "3")
+    chunked = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized")
+    assert sizes and set(sizes) == {3, 1}
+    assert_close(chunked.state, whole.state, "state")
+    assert_close(chunked.per_client, whole.per_client, "per_client")
