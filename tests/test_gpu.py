@@ -25,6 +25,7 @@ import test_kernels_neumann as neu  # noqa: E402
 import test_kernels_sgd as sgd  # noqa: E402
 
 from pflkit import kernels  # noqa: E402
+from pflkit.algorithms import ALGORITHMS  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
@@ -176,3 +177,50 @@ def test_auto_device_resolves_to_cuda_and_the_run_uses_it(tmp_path):
     results = runner.run_experiment(cfg, tmp_path / "auto", progress=False)
     assert results["status"] == "ok"
     assert results["environment"]["device"].startswith("cuda"), results["environment"]
+
+
+# ------------------------------------------------------------- (d) the vectorized engine on CUDA
+
+@pytest.mark.parametrize("name", sorted(n for n, a in ALGORITHMS.items() if a.vectorizable))
+def test_vectorized_engine_on_cuda_equals_the_sequential_one(name, monkeypatch):
+    """Every vectorizable algorithm on CUDA: each local-SGD call batched (none runs alone), and the
+    run's per-client results and training losses those of the sequential engine, up to the rounding
+    tolerances of (b) (cuDNN deterministic, so only the engine differs)."""
+    import dataclasses
+
+    from pflkit.fl import engines
+    from pflkit.fl.federation import build_federation
+    from pflkit.fl.loop import run_rounds
+    from tests.fl.test_engines import _config
+    from tests.helpers_data import digits_dataset, digits_env
+
+    fed = build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    algo, cfg = ALGORITHMS[name], _config(name)
+    alone = []
+    monkeypatch.setattr(engines, "_noter", lambda algo: alone.append)
+    deterministic, benchmark = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        runs = {}
+        for engine in ("sequential", "vectorized"):
+            env = dataclasses.replace(digits_env(seed=1), engine=engine, device=torch.device("cuda"))
+            env.seed_torch("init")
+            runs[engine] = run_rounds(algo, cfg, fed, env.model_fn().to(env.device), env)
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, benchmark
+    seq, vec = runs["sequential"], runs["vectorized"]
+    assert alone == [] and seq.status == vec.status == "ok", (alone, seq.error, vec.error)
+    assert vec.engine == ("vectorized" if cfg.rounds else "")
+    for cid, w in seq.per_client.items():
+        g = vec.per_client[cid]
+        assert abs(round(g["acc"] * g["n"]) - round(w["acc"] * w["n"])) <= SAMPLES_THAT_MAY_FLIP, (cid, g, w)
+        assert g["loss"] == pytest.approx(w["loss"], rel=LOSS_RTOL, abs=1e-6), cid
+    for g, w in zip(vec.history, seq.history):
+        if w.get("train_loss") is not None:
+            assert g["train_loss"] == pytest.approx(w["train_loss"], rel=LOSS_RTOL), w["round"]
+
+
+def test_auto_engine_is_vectorized_on_cuda():
+    from pflkit.fl.engines import resolve_engine
+
+    assert resolve_engine("auto", device_type="cuda", cpus=16, clients=10, vectorizable=True) == "vectorized"

@@ -40,7 +40,7 @@ from torch.func import functional_call, grad, vmap
 
 from pflkit import kernels
 from pflkit.errors import Diverged
-from pflkit.fl.train import SGD_OFFLOAD, Batch, SGDPlan, check_finite, proximal_penalty
+from pflkit.fl.train import SGD_OFFLOAD, Batch, SGDPlan, check_finite, proximal_penalty, sgd_step
 
 log = logging.getLogger(__name__)
 
@@ -170,25 +170,21 @@ class _Group:
             grads = {n: grads[n] * take(self.G[n]) if n in self.G else grads[n] for n in self.train}
             if plan.max_grad_norm > 0:
                 grads = _clipped(grads, self.train, plan.max_grad_norm)
-            for n in self.train:  # torch.optim.SGD (dampening 0, no Nesterov), per client
-                d = grads[n]
-                if plan.weight_decay:
-                    d = d.add(trainable[n], alpha=plan.weight_decay)
-                if plan.momentum:  # a zero buffer makes the first step's buffer the gradient, as SGD's clone does
-                    d = take(self.M[n]).mul_(plan.momentum).add_(d)
-                    self._put(self.M, n, sel, d)
-                self._put(self.P, n, sel, trainable[n].add(d, alpha=-plan.lr))
+            # SGD's step on the stacks, in place (on copies for a subgroup, written back); elementwise, so
+            # per client; the zero momentum buffers make each client's first buffer its gradient, as SGD's copy
+            weights = [trainable[n] for n in self.train]
+            bufs = sgd_step(weights, [grads[n] for n in self.train],
+                            [take(self.M[n]) for n in self.train] if plan.momentum else [None] * len(self.train),
+                            lr=plan.lr, momentum=plan.momentum, weight_decay=plan.weight_decay)
+            for n, w, buf in zip(self.train, weights, bufs):
+                if not full:
+                    self.P[n].index_copy_(0, sel, w)
+                    if buf is not None:
+                        self.M[n].index_copy_(0, sel, buf)
             self.total.index_add_(0, torch.tensor(idx, device=self.total.device), losses.double() * y.shape[1])
         for i in idx:
             self.seen[i] += y.shape[1]
             self.taken[i] += 1
-
-    @staticmethod
-    def _put(stack: dict, name: str, sel, value: torch.Tensor) -> None:
-        if sel is None:
-            stack[name] = value
-        else:
-            stack[name].index_copy_(0, sel, value)
 
     def write_back(self) -> None:
         """Each client's trained tensors into its own model (what the ordinary loop leaves there)."""
