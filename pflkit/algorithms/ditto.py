@@ -34,15 +34,16 @@ class DittoConfig(FLConfig):
 
 
 def proximal_term(model, anchor: dict, lam: float):
-    """``extra_loss`` form of Ditto's h_k regularizer: (lam / 2) * sum ||p - anchor||^2 over the model's parameters."""
+    """Ditto's h_k regularizer as an ``extra_loss``: (lam / 2) * sum ||p - anchor||^2 over the model's parameters
+    (`local_sgd`'s ``prox`` adds the same term in a form the vectorized engine can batch)."""
     return lambda _model: proximal_penalty(model.named_parameters(), anchor, lam)
 
 
 def personal_step(global_weights: dict, personal: dict, client, cfg, env) -> tuple[dict, dict]:
     """``local_epochs`` of SGD on v_k with the proximal pull toward the received w^t."""
     model = set_state(env.scratch_model(), personal)
-    stats = round_sgd(model, client, cfg, env, key=("personal",), prox=(cfg.lam, global_weights) if cfg.lam > 0 else None,
-                      where=f"client {client.id} (personal)")
+    prox = (cfg.lam, global_weights) if cfg.lam > 0 else None
+    stats = round_sgd(model, client, cfg, env, key=("personal",), prox=prox, where=f"client {client.id} (personal)")
     return get_state(model), stats
 
 

@@ -223,10 +223,10 @@ def _noter(algo: Algorithm) -> Callable[[str], None]:
     return note
 
 
-def _in_order(ids: list[int], outcomes: list[tuple[Any, BaseException | None]]) -> list[Any]:
-    """The results of ``outcomes`` in ``ids`` order; the first failure in that order is raised."""
+def _in_order(outcomes: list[tuple[Any, BaseException | None]]) -> list[Any]:
+    """The results of ``outcomes`` (``(result, error)`` per client, in order); the first failure is raised."""
     out = []
-    for _, (result, error) in zip(ids, outcomes):
+    for result, error in outcomes:
         if error is not None:
             raise error
         out.append(result)
@@ -280,8 +280,9 @@ def evaluate_vectorized(algo: Algorithm, state, ids: list[int], fed, client_stat
         views = [algo.eval_view(state, cid, cfg, env) for cid in chunk]
         calls = [partial(algo.evaluate_view, view, fed.clients[cid], client_states.get(cid), cfg, wenv, split)
                  for cid, view, wenv in zip(chunk, views, worker_envs(env, len(chunk)))]
-        metrics.update(zip(chunk, _in_order(chunk, run_together(calls, _noter(algo)))))
+        metrics.update(zip(chunk, _in_order(run_together(calls, _noter(algo)))))
         down += sum(nbytes(v) for v in views)
+    env.seed_torch("eval", ids[-1], split)  # the global RNG as the sequential pass leaves it
     return metrics, down
 
 

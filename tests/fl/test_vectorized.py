@@ -274,7 +274,7 @@ def test_a_failing_client_raises_in_order_and_the_others_finish():
     got = run_together([ok, boom, ok], note=print)
     assert [r for r, _ in got] == [1, None, 1] and isinstance(got[1][1], ValueError)
     with pytest.raises(ValueError, match="client 1 broke"):
-        engines._in_order([0, 1, 2], got)
+        engines._in_order(got)
 
 
 def test_rounds_of_many_clients_run_in_chunks(fed, monkeypatch):
