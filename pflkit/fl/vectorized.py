@@ -106,7 +106,17 @@ class Request:
 
 
 class _Fallback(Exception):
-    """The group's first vmapped step failed: its plans run one by one instead."""
+    """A group's stacking or first vmapped step failed: nothing has moved yet. ``memory``: it ran out of
+    memory (then halves of the group are tried)."""
+
+    def __init__(self, why: str, memory: bool):
+        super().__init__(why)
+        self.memory = memory
+
+
+def _fallback(e: Exception) -> _Fallback:
+    memory = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+    return _Fallback(f"{type(e).__name__}: {' '.join(str(e).split())[:160]}", memory)
 
 
 def _loss_fn(template: nn.Module, names: list[str], lam: float | None, decay: float) -> Callable:
@@ -240,7 +250,10 @@ def _draw(reqs: list[Request], live: list[int]) -> dict[int, Batch]:
 
 def _run_group(reqs: list[Request]) -> None:
     """Train one group of requests in lockstep and fill in their stats or errors."""
-    group = _Group([r.plan for r in reqs])
+    try:
+        group = _Group([r.plan for r in reqs])
+    except Exception as e:
+        raise _fallback(e) from e
     live, first = list(range(len(reqs))), True
     while live:
         got = _draw(reqs, live)
@@ -255,7 +268,7 @@ def _run_group(reqs: list[Request]) -> None:
                     raise
                 for i in live:  # nothing has moved yet: each plan starts over with the batch it drew
                     reqs[i].batches = itertools.chain([got[i]], reqs[i].batches)
-                raise _Fallback(f"{type(e).__name__}: {' '.join(str(e).split())[:160]}") from e
+                raise _fallback(e) from e
             first = False
     group.write_back()
     for i, r in enumerate(reqs):
@@ -269,21 +282,34 @@ def _run_group(reqs: list[Request]) -> None:
 def run_plans(reqs: list[Request], note: Callable[[str], None]) -> None:
     """Run every request: the groups of equal `signature` one after another, each in lockstep.
 
-    A group whose first step fails in the vmap (an op without a batching rule, say) leaves its
-    requests without stats: their threads run them with the ordinary loop; ``note`` hears why.
+    A group too large for the device's memory is split in halves, until it fits. A group whose
+    first step fails otherwise (an op without a batching rule, say) leaves its requests without
+    stats: their threads run them with the ordinary loop; ``note`` hears why.
     """
     groups: dict[tuple, list[Request]] = {}
     for r in reqs:
         groups.setdefault(signature(r.plan), []).append(r)
     with kernels.use_backend("reference"):  # custom ops: their vmappable pure-PyTorch twins
         for members in groups.values():
-            try:
-                _run_group(members)
-            except _Fallback as e:
-                note(f"the vmapped step failed ({e})")
-            except Exception as e:  # noqa: BLE001 - raised in each member's thread, as there
-                for r in members:
-                    r.error = r.error or e
+            _run_members(members, note)
+
+
+def _run_members(members: list[Request], note: Callable[[str], None]) -> None:
+    try:
+        _run_group(members)
+    except _Fallback as e:
+        if not (e.memory and len(members) > 1):
+            note(f"the vmapped step failed ({e})")
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        half = len(members) // 2
+        note(f"{len(members)} clients at once ran out of memory; they run in halves")
+        _run_members(members[:half], note)
+        _run_members(members[half:], note)
+    except Exception as e:  # noqa: BLE001 - raised in each member's thread, as there
+        for r in members:
+            r.error = r.error or e
 
 
 # ----------------------------------------------------------------------------- threads meet here

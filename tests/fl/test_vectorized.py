@@ -289,3 +289,29 @@ def test_rounds_of_many_clients_run_in_chunks(fed, monkeypatch):
     assert sizes and set(sizes) == {3, 1}
     assert_close(chunked.state, whole.state, "state")
     assert_close(chunked.per_client, whole.per_client, "per_client")
+
+
+def test_a_group_out_of_memory_runs_in_halves(monkeypatch):
+    """More than 2 clients at once 'run out of memory': 5 plans run as 2 + (1 + 2), same numbers."""
+    from pflkit.fl import vectorized
+
+    real = vectorized._Group.step
+    sizes = []
+
+    def step(self, idx, x, y):
+        if len(self.plans) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        sizes.append(len(self.plans))
+        return real(self, idx, x, y)
+
+    monkeypatch.setattr(vectorized._Group, "step", step)
+    settings = {"lr": 0.1, "momentum": 0.5}
+    ref, vec = _plans(len(SIZES), **settings), _plans(len(SIZES), **settings)
+    expected = [run_sgd(p, iter(_batches(i, s))) for i, (p, s) in enumerate(zip(ref, SIZES))]
+    reqs = [Request(p, iter(_batches(i, s))) for i, (p, s) in enumerate(zip(vec, SIZES))]
+    notes = []
+    run_plans(reqs, note=notes.append)
+    assert set(sizes) <= {1, 2} and notes and all("in halves" in n for n in notes)
+    for r, want, p_ref in zip(reqs, expected, ref):
+        assert r.error is None and r.stats["steps"] == want["steps"]
+        assert_close(get_state(r.plan.model), get_state(p_ref.model), "state")
