@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,6 +21,7 @@ from pflkit.fl.engines import check_engine, fallback_reason, resolve_engine, thr
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import Diverged
+from tests.helpers_compare import assert_tree
 from tests.helpers_data import digits_dataset, digits_env
 
 # small settings per algorithm, so that two rounds of four clients take a moment
@@ -69,34 +68,6 @@ def _run(algo, cfg, fed, engine: str, seed: int = 1, test: bool = True):
     return run_rounds(algo, cfg, fed, env.model_fn(), env, test=test)
 
 
-def assert_same(a, b, path="$"):
-    """Bitwise structural equality of (nested) states, metrics and histories (NaN equals NaN)."""
-    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
-                                     and torch.equal(a.nan_to_num(), b.nan_to_num())), path
-    elif isinstance(a, np.ndarray):
-        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-        for f in dataclasses.fields(a):
-            assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
-    elif isinstance(a, float) and math.isnan(a):
-        assert math.isnan(b), path
-    elif isinstance(a, torch.nn.Module):
-        assert_same(a.state_dict(), b.state_dict(), path)
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
 def _without_seconds(history):
     return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
 
@@ -118,10 +89,10 @@ def test_threads_give_the_sequential_numbers_bitwise(fed, name):
     assert seq.status == thr.status == "ok", (seq.error, thr.error)
     assert seq.engine == "sequential"
     assert thr.engine == ("sequential" if algo.thread_unsafe else "threads")
-    assert_same(seq.state, thr.state, "state")
-    assert_same(seq.client_states, thr.client_states, "client_states")
-    assert_same(seq.per_client, thr.per_client, "per_client")
-    assert_same(_without_seconds(seq.history), _without_seconds(thr.history), "history")
+    assert_tree(seq.state, thr.state, "state")
+    assert_tree(seq.client_states, thr.client_states, "client_states")
+    assert_tree(seq.per_client, thr.per_client, "per_client")
+    assert_tree(_without_seconds(seq.history), _without_seconds(thr.history), "history")
     assert seq.best_round == thr.best_round
     assert torch.get_num_threads() == 1  # the pool's setting was restored
 
@@ -139,8 +110,8 @@ def test_thread_safe_client_updates_do_not_depend_on_torchs_global_rng(fed, name
     cfg = dataclasses.replace(cfg, rounds=1, eval_every=0, keep_best=False)
     plain = _run(algo, cfg, fed, "sequential", test=False)
     other = _run(replace(algo, client_update=scrambled), cfg, fed, "sequential", test=False)
-    assert_same(plain.client_states, other.client_states, "client_states")
-    assert_same(plain.state, other.state, "state")
+    assert_tree(plain.client_states, other.client_states, "client_states")
+    assert_tree(plain.state, other.state, "state")
 
 
 def test_an_unsafe_algorithm_runs_sequentially_and_says_why(fed, caplog):
@@ -181,7 +152,7 @@ def test_a_failing_client_surfaces_as_in_the_sequential_engine(fed, failing):
     assert seq.status == thr.status == "diverged"
     assert seq.error == thr.error == f"non-finite loss in client {failing}"
     assert sorted(seq.client_states) == sorted(thr.client_states) == list(range(failing))
-    assert_same(seq.client_states, thr.client_states)
+    assert_tree(seq.client_states, thr.client_states)
 
 
 def test_other_exceptions_propagate_unchanged(fed):

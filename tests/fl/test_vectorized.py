@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -28,7 +27,8 @@ from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import SGDPlan, get_state, local_sgd, run_sgd
 from pflkit.fl.vectorized import Request, run_plans, run_together, signature, why_not
 from tests.conftest import TOL
-from tests.fl.test_engines import SETTINGS, _config
+from tests.fl.test_engines import _config
+from tests.helpers_compare import assert_tree
 from tests.helpers_data import digits_dataset, digits_env
 
 F32 = TOL[torch.float32]
@@ -57,31 +57,6 @@ def _run(algo, cfg, fed, engine: str, seed: int = 1):
     return run_rounds(algo, cfg, fed, env.model_fn(), env)
 
 
-def assert_close(a, b, path="$"):
-    """Structural equality with floats (tensors, Python floats) equal to the float32 tolerance."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype, path
-        if a.is_floating_point():
-            torch.testing.assert_close(a, b, **F32, equal_nan=True, msg=path)
-        else:
-            assert torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_close(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert math.isclose(a, b, rel_tol=F32["rtol"], abs_tol=F32["atol"]) or (math.isnan(a) and math.isnan(b)), \
-            f"{path}: {a} != {b}"
-    elif isinstance(a, np.ndarray):
-        np.testing.assert_allclose(a, b, **F32, err_msg=path)
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
 def _history(result):
     return [{k: v for k, v in row.items() if k not in ("seconds", "engine")} for row in result.history]
 
@@ -99,10 +74,10 @@ def test_vectorized_gives_the_sequential_numbers(fed, name, monkeypatch):
     assert alone == []
     assert seq.status == vec.status == "ok", (seq.error, vec.error)
     assert (seq.engine, vec.engine) == ("sequential", "vectorized" if cfg.rounds else "")
-    assert_close(vec.state, seq.state, "state")
-    assert_close(vec.client_states, seq.client_states, "client_states")
-    assert_close(vec.per_client, seq.per_client, "per_client")
-    assert_close(_history(vec), _history(seq), "history")
+    assert_tree(vec.state, seq.state, "state", tol=F32)
+    assert_tree(vec.client_states, seq.client_states, "client_states", tol=F32)
+    assert_tree(vec.per_client, seq.per_client, "per_client", tol=F32)
+    assert_tree(_history(vec), _history(seq), "history", tol=F32)
     assert seq.best_round == vec.best_round
 
 
@@ -115,7 +90,7 @@ def test_algorithms_that_do_not_declare_it_run_sequentially_and_say_why(fed, nam
     assert vec.engine == "sequential"
     assert "does not declare a vectorizable client update" in caplog.text
     seq = _run(algo, cfg, fed, "sequential")
-    assert_close(vec.state, seq.state, "state")
+    assert_tree(vec.state, seq.state, "state", tol=F32)
     assert vec.summary == seq.summary or math.isnan(seq.summary["acc"])
 
 
@@ -196,7 +171,7 @@ def test_lockstep_sgd_equals_the_loop_per_client(settings):
     for r, want, p_ref in zip(reqs, expected, ref):
         assert r.error is None and r.stats["steps"] == want["steps"] and r.stats["samples"] == want["samples"]
         assert math.isclose(r.stats["loss"], want["loss"], rel_tol=F32["rtol"], abs_tol=F32["atol"])
-        assert_close(get_state(r.plan.model), get_state(p_ref.model), "state")  # BN running stats included
+        assert_tree(get_state(r.plan.model), get_state(p_ref.model), "state", tol=F32)  # BN running stats included
     assert not torch.equal(vec[0].model.conv.weight, vec[1].model.conv.weight)
     for p_ref in ref:  # a masked entry never moved
         for p, mask in zip(p_ref.params, p_ref.grad_masks or ()):
@@ -261,7 +236,7 @@ def test_threads_meet_and_unbatchable_calls_run_where_they_are(fed):
     assert all(err is None for _, err in got)
     assert notes and all("extra loss" in n for n in notes)
     for (res, _), want in zip(got, expected):
-        assert_close(res, want)
+        assert_tree(res, want, tol=F32)
 
 
 def test_a_failing_client_raises_in_order_and_the_others_finish():
@@ -287,8 +262,8 @@ def test_rounds_of_many_clients_run_in_chunks(fed, monkeypatch):
     monkeypatch.setenv("PFLKIT_VECTOR_CLIENTS", "3")
     chunked = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized")
     assert sizes and set(sizes) == {3, 1}
-    assert_close(chunked.state, whole.state, "state")
-    assert_close(chunked.per_client, whole.per_client, "per_client")
+    assert_tree(chunked.state, whole.state, "state", tol=F32)
+    assert_tree(chunked.per_client, whole.per_client, "per_client", tol=F32)
 
 
 def test_a_group_out_of_memory_runs_in_halves(monkeypatch):
@@ -314,4 +289,4 @@ def test_a_group_out_of_memory_runs_in_halves(monkeypatch):
     assert set(sizes) <= {1, 2} and notes and all("in halves" in n for n in notes)
     for r, want, p_ref in zip(reqs, expected, ref):
         assert r.error is None and r.stats["steps"] == want["steps"]
-        assert_close(get_state(r.plan.model), get_state(p_ref.model), "state")
+        assert_tree(get_state(r.plan.model), get_state(p_ref.model), "state", tol=F32)

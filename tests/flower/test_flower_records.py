@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pytest
@@ -16,33 +15,8 @@ from pflkit.fl.engines import nbytes
 from pflkit.flower.client_app import load_client_state, save_client_state
 from pflkit.flower.records import from_record, get, put, record_nbytes, tensors_in, to_record
 from pflkit.flower.runtime import experiment_to_raw
+from tests.helpers_compare import assert_tree
 from tests.helpers_data import digits_dataset, digits_env
-
-
-def same(a, b, path="$"):
-    """Exact structural equality: types, dict key order and types, tensor dtypes / shapes / values (NaN = NaN)."""
-    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.requires_grad == b.requires_grad, path
-        assert torch.equal(torch.nan_to_num(a.float(), 7.0), torch.nan_to_num(b.float(), 7.0)) if a.is_floating_point() \
-            else torch.equal(a, b), path
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and np.array_equal(a, b), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-        for k in a:
-            same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{path}[{i}]")
-    elif dataclasses.is_dataclass(a):
-        for f in dataclasses.fields(a):
-            same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
-    elif isinstance(a, float) and math.isnan(a):
-        assert math.isnan(b), path
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def roundtrip(obj):
@@ -72,22 +46,22 @@ def test_every_message_payload_and_state_of_two_rounds_comes_back_identical(fed,
     env = digits_env(seed=1)
     env.seed_torch("init")
     state = algo.init(env.model_fn(), fed, cfg, env)
-    same(state, roundtrip(state))
+    assert_tree(state, roundtrip(state))
     client_states = {}
     for t in range(2):
         now, updates = env.at_round(t), []
         for cid in (0, 1):
             msg = algo.broadcast(state, cid, cfg, now)
             back = roundtrip(msg)
-            same(msg, back)
+            assert_tree(msg, back)
             upd, client_states[cid] = algo.client_update(back, fed.clients[cid], client_states.get(cid), cfg, now)
-            same(upd.payload, roundtrip(upd.payload))
-            same(client_states[cid], roundtrip(client_states[cid]))
+            assert_tree(upd.payload, roundtrip(upd.payload))
+            assert_tree(client_states[cid], roundtrip(client_states[cid]))
             updates.append(upd)
             if nbytes(msg) and not _aliased(msg):
                 assert record_nbytes(to_record(msg)) == nbytes(msg)
         state = algo.aggregate(state, updates, cfg, env)
-        same(state, roundtrip(state))
+        assert_tree(state, roundtrip(state))
 
 
 def _aliased(obj) -> bool:
@@ -103,7 +77,7 @@ def test_awkward_values_keep_type_dtype_and_aliasing():
            "size": torch.Size([2, 3]), "dtype": torch.float16, "grad": torch.ones(2, requires_grad=True),
            "strided": torch.arange(12.0).reshape(3, 4).t(), "empty": torch.zeros(0, 5)}
     back = roundtrip(obj)
-    same(obj, back)
+    assert_tree(obj, back)
     assert back["w"] is back["again"][0]  # sent once, one tensor again
     assert record_nbytes(to_record(obj)) == nbytes(obj) - w.numel() * 4  # the alias travels once
 
@@ -112,7 +86,7 @@ def test_dataclasses_of_pflkit_travel_and_others_are_refused():
     from pflkit.fl.algorithm import Update
 
     upd = Update(3, 10, {"delta": torch.ones(2)}, {"loss": 0.5})
-    same(upd, roundtrip(upd))
+    assert_tree(upd, roundtrip(upd))
 
     @dataclasses.dataclass
     class Foreign:
@@ -132,7 +106,7 @@ def test_put_and_get_share_a_recorddict_with_other_records():
     content = RecordDict({"header": ConfigRecord({"round": 3})})
     put(content, "a", {"x": torch.ones(2)})
     put(content, "b", [1, None])
-    same(get(content, "a"), {"x": torch.ones(2)})
+    assert_tree(get(content, "a"), {"x": torch.ones(2)})
     assert get(content, "b") == [1, None] and get(content, "c", None) is None
     assert content["header"]["round"] == 3
 
