@@ -238,6 +238,17 @@ def test_claim_fedl2p_beta(label_beta, feature_beta, verdict):
         assert f"{label_beta:.2f}" in c.ours and f"{feature_beta:.2f}" in c.ours
 
 
+@pytest.mark.parametrize("ft_c, ft_g, explained", [(60, 65, True), (70, 65, False)])
+def test_claim_fedl2p_beta_names_the_bn_premise(ft_c, ft_g, explained):
+    """A low feature-shift beta is explained by the same runs when FT (BN G) beats FT (BN C) there."""
+    res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, ft_c, ft_g, dataset="cifar10c", beta=0.05),
+           "fedl2p_table3_digits_a0p5": fedl2p_row(70, ft_c + 2, ft_g, dataset="digit_domains", beta=0.05),
+           "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
+    c = cl.fedl2p_beta_by_shift(res)
+    assert c.verdict == "fails"
+    assert ("FT (BN G) beats FT (BN C) (65.00 vs 61.00, mean of 2)" in c.reason) == explained, c.reason
+
+
 @pytest.mark.parametrize("fedl2p, verdict", [(80.0, "holds"), (79.5, "holds"), (78.0, "fails")])
 def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
     res = {"fedl2p_table2_a0p1_e5": fedl2p_row(fedl2p, 70.0, 80.0), "fedl2p_table2_a1p0_e5": fedl2p_row(90, 85, 70)}
