@@ -138,7 +138,7 @@ class StageResult:
     ``status``: ``"ok"``; ``"diverged"`` (a non-finite loss, weight or buffer); ``"incomplete"`` (some
     client has no test accuracy: ``missing`` lists ``{"client", "reason"}``). ``engine``: the
     engines that ran its rounds' client updates (``"threads"``, ``"sequential"``, both joined
-    by ``+`` when rounds differed; "" without rounds).
+    by ``+`` when rounds differed; without rounds, the engine of its test pass, e.g. FT's fine-tuning).
     """
 
     status: str
@@ -297,7 +297,9 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
         check_finite(result.client_states, "client_states", "at the end of the stage")
         if test:
             last = env.at_round(max(cfg.rounds - 1, 0))
-            result.set_test(_test_metrics(transport.evaluate(state, range(fed.num_clients), "test", last, at_best)))
+            tested = transport.evaluate(state, range(fed.num_clients), "test", last, at_best)
+            result.set_test(_test_metrics(tested))
+            result.engine = result.engine or tested.engine
     except Diverged as e:
         result.status, result.error = "diverged", str(e)
     result.seconds = time.perf_counter() - t0

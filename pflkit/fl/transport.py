@@ -45,11 +45,13 @@ class RoundWork:
 
 @dataclass
 class Evaluation:
-    """Per-client metrics of an evaluation pass, the clients that failed and the bytes sent."""
+    """Per-client metrics of an evaluation pass, the clients that failed, the bytes sent and the engine
+    that ran the pass in this process ("" when the clients ran elsewhere)."""
 
     per_client: dict[int, dict]
     failures: dict[int, str] = field(default_factory=dict)
     down: int = 0
+    engine: str = ""
 
 
 class Transport(Protocol):
@@ -79,14 +81,14 @@ def evaluate_clients(algo: Algorithm, state, client_states: dict, fed, ids, cfg,
     ids = list(ids)
     if round_engine(algo, env, len(ids), available_cpus()) == "vectorized":
         metrics, down = evaluate_vectorized(algo, state, ids, fed, client_states, cfg, env, split)
-        return Evaluation(metrics, {}, down)
+        return Evaluation(metrics, {}, down, "vectorized")
     out, down = {}, 0
     for cid in ids:
         env.seed_torch("eval", cid, split)
         view = algo.eval_view(state, cid, cfg, env)
         out[cid] = algo.evaluate_view(view, fed.clients[cid], client_states.get(cid), cfg, env, split)
         down += nbytes(view)
-    return Evaluation(out, {}, down)
+    return Evaluation(out, {}, down, "sequential")
 
 
 class LocalTransport:
