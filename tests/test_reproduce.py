@@ -255,6 +255,8 @@ def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
     c = cl.fedl2p_matches_best_ft(res)
     assert c.verdict == verdict, c
     assert c.paper_value.endswith("in 2/2 rows")  # 76 >= 75 - 1 in both published rows
+    if verdict == "fails":  # the worst row, each side beside the paper's number
+        assert c.reason.endswith("fedl2p_table2_a0p1_e5: FedL2P 78.00 (paper 76) vs FT (BN G) 80.00 (paper 75)"), c
     assert cl.fedl2p_matches_best_ft({"fedl2p_x": result({"FedL2P": method(80)})}).verdict == "not run"
 
 
@@ -301,6 +303,9 @@ def test_claim_fedselect(lg, iou, verdict):
     assert c.verdict == verdict, c
     assert c.paper_value == "FedSelect above in 4/4 comparisons"
     assert ("mask IoU not recorded" in c.reason) == (iou is None)
+    if lg > 84.0:  # the largest shortfall, beside the paper's numbers
+        assert f"worst fedselect_table1_s2: FedSelect (0.25) 84.00 (paper 84.22) vs LG-FedAvg {lg:.2f} (paper 59.95)" \
+            in c.reason, c
     assert cl.fedselect_beats_fedavg_lg({}).verdict == "not run"
 
 

@@ -86,6 +86,23 @@ def _worst(rows) -> str:
     return f"worst {a - b:+.2f} pp ({name}: {a:.2f} vs {best} {b:.2f})"
 
 
+def _versus_paper(res: dict, label: str, rival: str) -> str:
+    """``label`` against ``rival`` in one result, each beside the paper's number: shows whether a failed
+    comparison comes from our ``label`` falling short of the paper or from the rival exceeding it."""
+    def side(k):
+        ours, paper = acc(res, k), published(res, k)
+        return f"{k} {ours:.2f}" + (f" (paper {paper:g})" if paper is not None else "")
+    return f"{side(label)} vs {side(rival)}"
+
+
+def _worst_failure(results: Results, failed, split: Callable[[str], tuple[str, str]]) -> str:
+    """``experiment: label vs rival`` (`_versus_paper`) for the failed row with the largest shortfall;
+    ``split`` turns a row's name into (experiment, label)."""
+    name, _, rival, _ = min(failed, key=lambda r: r[1] - r[3])
+    experiment, label = split(name)
+    return f"{experiment}: {_versus_paper(results[experiment], label, rival)}"
+
+
 def _result(fn, verdict: str, paper_value: str, ours: str, reason: str) -> ClaimResult:
     paper, text = fn.paper, fn.text
     return ClaimResult(fn.__name__, paper, text, verdict, paper_value, ours, reason)
@@ -107,7 +124,8 @@ def _pairwise(fn, results: Results, pattern: str, label: str, rivals, ok, rule: 
         return _result(fn, NOT_RUN, paper_value, "-", f"no result of {pattern} with {label} and a rival")
     failed = [r for r in ours if not ok(r[1], r[3])]
     verdict = FAILS if failed else HOLDS
-    reason = (f"{len(failed)} of {len(ours)} scenarios fail, e.g. {failed[0][0]}" if failed
+    reason = (f"{len(failed)} of {len(ours)} scenarios fail, worst "
+              f"{_worst_failure(results, failed, lambda name: (name, label))}" if failed
               else f"every one of {len(ours)} scenarios")
     return _result(fn, verdict, paper_value, f"{rule} in {_count(ours, ok)}; {_worst(ours)}", reason)
 
@@ -230,6 +248,7 @@ def pfedhn_beats_baselines_n50(results: Results) -> ClaimResult:
 # ----------------------------------------------------------------------------- FedSelect
 
 FEDSELECT_ROW = re.compile(r"^FedSelect \(\d")  # the paper's FedSelect rows, one per personalization rate
+ROW_SEP = ", "  # "experiment, method" names a compared row
 
 
 def _mask_iou(res: dict, label: str) -> float | None:
@@ -248,7 +267,7 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
         out = []
         for name, res in _matching(results, "fedselect_*_s2"):
             for label in (k for k in labels(res) if FEDSELECT_ROW.match(k)):
-                out += [(f"{name}, {label}", value(res, label), r, value(res, r)) for r in rivals
+                out += [(f"{name}{ROW_SEP}{label}", value(res, label), r, value(res, r)) for r in rivals
                         if value(res, label) is not None and value(res, r) is not None]
         return out
 
@@ -261,7 +280,8 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
     ious = {f"{n}:{k}": v for n, res in _matching(results, "fedselect_*_s2") for k in res.get("methods", {})
             if FEDSELECT_ROW.match(k) and (v := _mask_iou(res, k)) is not None}
     same = [k for k, v in ious.items() if v >= 1.0]
-    reason = (f"{len(failed)} of {len(ours)} comparisons fail (e.g. {failed[0][0]} vs {failed[0][2]})" if failed
+    reason = (f"{len(failed)} of {len(ours)} comparisons fail, worst "
+              f"{_worst_failure(results, failed, lambda row: row.split(ROW_SEP))}" if failed
               else f"all {len(ours)} comparisons")
     reason += f"; masks identical across clients in {', '.join(same)}" if same else \
         "; masks differ (IoU < 1)" if ious else "; mask IoU not recorded"
