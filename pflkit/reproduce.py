@@ -51,6 +51,9 @@ STATUS_FILE = "_status.json"  # per experiment: the last batch's outcome (why on
 MATRIX_DONE = "_matrix_done.json"  # in the work folder: the inputs the matrix table and figure were drawn from
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
+# runs whose stages' trained states a notebook reads (`keep_states`): FedSelect's Fig. 1 masks. Kept in the work
+# folder only, so the notebook reads them instead of training the table again
+KEEP_STATES = ("fedselect_table1_*",)
 # settings that do not change a run's numbers (or only document it): not part of `config_hash`
 NOT_HASHED = ("published", "published_detail", "title", "deviations", "device", "kernels")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine)
@@ -228,7 +231,8 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     resume = started.get("config") == key["config"] and (code is None or started.get("code") == code)
     write_json(marker, key)
     t0 = time.perf_counter()
-    kwargs = dict(data_root=data_root, download=download, progress=False)
+    kwargs = dict(data_root=data_root, download=download, progress=False,
+                  keep_states=any(fnmatch.fnmatchcase(cfg.name, p) for p in KEEP_STATES))
     try:
         try:
             results = run_experiment(cfg, folder, resume=resume, overwrite=not resume, **kwargs)

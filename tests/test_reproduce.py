@@ -17,6 +17,8 @@ from pflkit.experiments import resolve
 from pflkit.report import claims as cl
 from pflkit.report import compact as cp
 from pflkit.report.reproduction import build_report
+from pflkit.fl.loop import check_finite, nbytes
+from pflkit.runner import load_final_states
 
 TINY = """\
 [experiment]
@@ -108,6 +110,17 @@ def test_compact_result_holds_what_the_report_needs_and_no_checkpoints(batch):
     assert len(f["sha256"]) == 64 and "path" not in f and f["file"] == "digits.csv.gz"
     assert res["command"] == "pflkit reproduce --preset smoke --only tiny_digits"
     assert path.stat().st_size < 20_000 and ".pt" not in path.read_text()
+
+
+def test_runs_a_notebook_reads_keep_their_trained_states(batch, tmp_path, monkeypatch):
+    """`KEEP_STATES` runs keep each stage's final states in the work folder (FedSelect's notebook reads
+    them instead of training again); other runs keep none."""
+    assert not list((batch["root"] / "work" / "tiny_digits").rglob("*.final.pt"))
+    monkeypatch.setattr(rp, "KEEP_STATES", ("tiny_dig*",))
+    rp.reproduce("smoke", **dict(batch["kw"], results_dir=tmp_path / "results", work_dir=tmp_path / "work"))
+    kept = load_final_states(tmp_path / "work" / "tiny_digits", "Global")
+    assert nbytes(kept["state"]) > 0
+    check_finite(kept["state"], "state", "kept by the batch")
 
 
 def test_second_batch_skips_a_changed_config_reruns_and_an_interrupted_run_resumes(batch):

@@ -85,6 +85,7 @@ download = True
 standin = False
 figures_dir = None
 seed = 0
+results_root = None  # a folder of saved runs: <results_root>/<experiment>/, e.g. the work folder of pflkit reproduce
 
 # %%
 import matplotlib.pyplot as plt
@@ -97,11 +98,12 @@ from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import Federation, build_federation
+from pflkit.io import read_json
 from pflkit.models import build_model, head_param_names
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.report.tables import results_table
-from pflkit.runner import load_final_states, make_env, run_experiment
+from pflkit.runner import final_states_path, load_final_states, make_env, run_experiment
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -165,7 +167,8 @@ plt.show()
 # ## 2. Table 1: every method on CIFAR-10, s = 2 and s = 4
 # `run_experiment` trains every row of `pflkit/catalog/fedselect/fedselect_table1_s{2,4}.toml` (FedAvg first: its
 # global model is the FedAvg row and LG-FedAvg's start) and tests each client's final model on its own test
-# split. `resume=True` reuses any stage already finished in `out_dir` (the `cpu` preset takes a while).
+# split. `resume=True` reuses any stage already finished in `out_dir` (the `cpu` preset takes a while); a run of
+# this preset under `results_root` that kept FedSelect (0.50)'s trained states (Fig. 1 reads them) is read instead.
 # MB/round counts what really travels: FedSelect sends only its shared entries (and its mask as bits).
 #
 # Every method makes 5 passes over its client's data per round (sec. 3: "we fix the number of local epochs
@@ -173,10 +176,16 @@ plt.show()
 # alternating personal / shared. FedRep and LG-FedAvg use their authors' learning rate, momentum and batch size.
 
 # %%
-results = {}
+results, run_dirs = {}, {}
 for s in SETTINGS:
-    cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
-    results[s] = run_experiment(cfg, session.out / f"s{s}", data_root=session.data_root, download=session.download,
+    name = f"fedselect_table1_s{s}"
+    saved = session.run_dir(name, results_root)
+    if not shards and saved != session.out / name and final_states_path(saved, "FedSelect (0.50)", seed).exists():
+        print(f"{name}: results read from {saved}")
+        results[s], run_dirs[s] = read_json(saved / "results.json"), saved
+        continue
+    cfg, run_dirs[s] = session.resolve(name, *shards), session.out / f"s{s}"
+    results[s] = run_experiment(cfg, run_dirs[s], data_root=session.data_root, download=session.download,
                                 resume=True, progress=False, keep_states=True)
 data_label, paper = session.dataset_label(results[2]), session.paper_header(results[2])
 for s in SETTINGS:
@@ -233,9 +242,9 @@ for label in [k for k in acc if k.startswith("FedSelect")]:
 fig, axes = plt.subplots(1, len(SETTINGS), figsize=(5.5 * len(SETTINGS) + 1, 5.2), layout="constrained")
 for ax, s in zip(np.atleast_1d(axes), SETTINGS):
     cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
-    kept = load_final_states(session.out / f"s{s}", "FedSelect (0.50)", seed)
+    kept = load_final_states(run_dirs[s], "FedSelect (0.50)", seed)
     masks = client_masks(kept["client_states"])
-    fed = Federation.load(session.out / f"s{s}" / f"seed{seed}" / "federation.npz",
+    fed = Federation.load(run_dirs[s] / f"seed{seed}" / "federation.npz",
                           session.load(cfg.data.dataset, **cfg.data.options))
     head = head_param_names(make_env(cfg, fed, seed).model_fn())
     iou = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
@@ -279,7 +288,7 @@ plt.show()
 # preset. The paragraph is written from the verdicts, so it always says what these runs show.
 
 # %%
-claims, meaning = session.claims("fedselect", made={f"fedselect_table1_s{s}": (r, session.out / f"s{s}")
+claims, meaning = session.claims("fedselect", made={f"fedselect_table1_s{s}": (r, run_dirs[s])
                                                           for s, r in results.items()})
 print(meaning)
 claims
