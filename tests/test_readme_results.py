@@ -40,6 +40,8 @@ def test_render_cells_by_hand():
     assert rows[4] == "| Local | - | 70.0 |"
     assert "`exp_b`: CIFAR-10 (offline subset); seeds 3; declared deviations: `model.options`, 10 min here." in text
     assert "`pflkit reproduce --preset cpu --only exp_a`" in text
+    a["analysis"] = {"FedL2P": {"beta_mean": 0.0654}, "L2P": {"beta_mean": None}}
+    assert "10 min here; learned beta (mean over clients and BN layers): FedL2P 0.07. `pflkit" in render([a])
 
 
 def test_sync_fills_then_detects_a_changed_number(tmp_path):

@@ -10,8 +10,9 @@ The text is one row per method and one column per experiment; each cell is ``our
 the mean over clients of each client's test accuracy (%) averaged over seeds (± the standard deviation over
 seeds when there are several) or the method's status when it did not finish, the paper's number the
 experiment file's ``[published]`` one. Under the table, per experiment: the data used, the seeds, the
-declared deviations and the command that made the result. `sync_readme` rewrites every block from the
-files; `stale_blocks` names the blocks whose text differs from what the files give (the README sync test).
+declared deviations, FedL2P's learned beta where the run records it, and the command that made the result.
+`sync_readme` rewrites every block from the files; `stale_blocks` names the blocks whose text differs from
+what the files give (the README sync test).
 """
 from __future__ import annotations
 
@@ -77,7 +78,10 @@ def _note(res: dict) -> str:
     seeds = res.get("config", {}).get("seeds", 1)
     took = (res.get("timing") or {}).get("wall_seconds")
     took = f", {took / 60:.0f} min here" if took else ""
-    return (f"- `{res['experiment']}`: {data_label(res)}; seeds {seeds}; declared deviations: {dev}{took}. "
+    betas = [f"{label} {a['beta_mean']:.2f}" for label, a in (res.get("analysis") or {}).items()
+             if (a or {}).get("beta_mean") is not None]
+    beta = f"; learned beta (mean over clients and BN layers): {', '.join(betas)}" if betas else ""
+    return (f"- `{res['experiment']}`: {data_label(res)}; seeds {seeds}; declared deviations: {dev}{took}{beta}. "
             f"`{res.get('command', '')}`")
 
 
