@@ -210,7 +210,7 @@ def test_vectorized_engine_on_cuda_equals_the_sequential_one(name, monkeypatch):
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, benchmark
     seq, vec = runs["sequential"], runs["vectorized"]
     assert alone == [] and seq.status == vec.status == "ok", (alone, seq.error, vec.error)
-    assert vec.engine == "vectorized"  # FT (no rounds): the engine of its test pass
+    assert vec.engine == "vectorized"
     for cid, w in seq.per_client.items():
         g = vec.per_client[cid]
         assert abs(round(g["acc"] * g["n"]) - round(w["acc"] * w["n"])) <= SAMPLES_THAT_MAY_FLIP, (cid, g, w)

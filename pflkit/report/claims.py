@@ -281,7 +281,7 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
             if FEDSELECT_ROW.match(k) and (v := _mask_iou(res, k)) is not None}
     same = [k for k, v in ious.items() if v >= 1.0]
     reason = (f"{len(failed)} of {len(ours)} comparisons fail, worst "
-              f"{_worst_failure(results, failed, lambda row: row.split(ROW_SEP))}" if failed
+              f"{_worst_failure(results, failed, lambda row: row.split(ROW_SEP, 1))}" if failed
               else f"all {len(ours)} comparisons")
     reason += f"; masks identical across clients in {', '.join(same)}" if same else \
         "; masks differ (IoU < 1)" if ious else "; mask IoU not recorded"

@@ -73,12 +73,20 @@ def test_vectorized_gives_the_sequential_numbers(fed, name, monkeypatch):
     seq, vec = _run(algo, cfg, fed, "sequential"), _run(algo, cfg, fed, "vectorized")
     assert alone == []
     assert seq.status == vec.status == "ok", (seq.error, vec.error)
-    assert (seq.engine, vec.engine) == ("sequential", "vectorized")  # FT (no rounds): its test pass
+    assert (seq.engine, vec.engine) == ("sequential", "vectorized")
     assert_tree(vec.state, seq.state, "state", tol=F32)
     assert_tree(vec.client_states, seq.client_states, "client_states", tol=F32)
     assert_tree(vec.per_client, seq.per_client, "per_client", tol=F32)
     assert_tree(_history(vec), _history(seq), "history", tol=F32)
     assert seq.best_round == vec.best_round
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_a_stage_without_rounds_records_the_engine_of_its_test_pass(fed, engine):
+    """FT trains no rounds (``rounds = 0``): its fine-tune-and-test pass names the engine that ran it."""
+    cfg = dataclasses.replace(_config("finetune"), rounds=0)
+    res = _run(ALGORITHMS["finetune"], cfg, fed, engine)
+    assert res.status == "ok" and res.history == [] and res.engine == engine
 
 
 @pytest.mark.parametrize("name", [n for n in OTHERS if n not in ("fedl2p_fomaml", "fedl2p_bnnet",
