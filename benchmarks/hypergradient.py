@@ -239,7 +239,22 @@ def main(argv=None):
         print(f"\n{label} breakdown (one call, seconds):")
         for k, v in parts.items():
             print(f"  {k:38s} {v:7.3f}")
+        print(second_order_floor(parts, med["FO-MAML"]))
     return 0
+
+
+def second_order_floor(parts: dict[str, float], fo_maml: float) -> str:
+    """The share of IFT / FO-MAML that Alg. 2's second-order passes alone take (one line).
+
+    With Q = 3 the hypergradient needs three Hessian-vector products and the mixed product
+    at the solve's output, each a reverse pass over the graph of ``d_theta L_T``; none can
+    be shared (the mixed term's learning-rate part is one more product with H). Their time
+    over FO-MAML's is a floor for IFT / FO-MAML on the device at hand, before any
+    first-order gradient.
+    """
+    passes = parts["3 Hessian-vector products"] + parts["mixed product (d_lambda d_theta L_T)"]
+    return (f"  the 4 second-order passes alone: {passes:.3f} s = {passes / fo_maml:.2f}x FO-MAML "
+            f"(a floor for IFT / FO-MAML here)")
 
 
 if __name__ == "__main__":
