@@ -137,6 +137,27 @@ class Session:
             print(f"{name}: {folder} held a run with other settings; starting over ({str(e)[:200]})")
             return run_experiment(cfg, folder, overwrite=True, **kwargs)
 
+    def trained(self, exp, label: str, fed, env, dataset, results_root: str | os.PathLike | None = None):
+        """Method ``label`` of the resolved experiment ``exp`` trained on its whole federation ``fed``.
+
+        Read back (`pflkit.runner.load_stage`) from the run of ``exp`` under ``results_root`` when that run
+        was made with the same settings and data (its fingerprint, of ``dataset`` read) and kept the
+        stage's final states, as `pflkit reproduce` does for the figures that need them (``KEEP_STATES``);
+        else trained here (`pflkit.stages.train_method`, with ``env``). Returns a `StageResult`.
+        """
+        from pflkit.io import read_json
+        from pflkit.runner import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
+        from pflkit.stages import train_method
+
+        folder = self.run_dir(exp.name, results_root)
+        if (folder != self.out / exp.name and final_states_path(folder, label, self.seed).exists()
+                and (folder / RUN_FILE).exists()):
+            if read_json(folder / RUN_FILE).get("hash") == fingerprint_hash(fingerprint(exp, dataset)):
+                print(f"{exp.name}: {label} read from {folder}")
+                return load_stage(folder, label, self.seed)
+            print(f"{exp.name}: the run in {folder} has other settings or data; training {label} here")
+        return train_method(exp, label, fed, env)
+
     def load(self, dataset: str, **options):
         """`pflkit.data.datasets.load_dataset` with this session's data root (the stand-in when asked)."""
         from pflkit.data.datasets import load_dataset

@@ -51,9 +51,10 @@ STATUS_FILE = "_status.json"  # per experiment: the last batch's outcome (why on
 MATRIX_DONE = "_matrix_done.json"  # in the work folder: the inputs the matrix table and figure were drawn from
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
-# runs whose stages' trained states a notebook reads (`keep_states`): FedSelect's Fig. 1 masks. Kept in the work
-# folder only, so the notebook reads them instead of training the table again
-KEEP_STATES = ("fedselect_table1_*",)
+# runs whose stages' trained states a notebook reads (`keep_states`): FedSelect's Fig. 1 masks, pFedHN-PC's
+# mix-and-match (Fig. 3) and pFedHN's client embeddings (Fig. 4). Kept in the work folder only, so the notebook
+# reads them instead of training the same model again
+KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
 # settings that do not change a run's numbers (or only document it): not part of `config_hash`
 NOT_HASHED = ("published", "published_detail", "title", "deviations", "device", "kernels")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine)

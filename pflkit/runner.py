@@ -173,6 +173,18 @@ def load_final_states(run_dir, label: str, seed: int = 0) -> dict:
     return load_torch(path)
 
 
+def load_stage(run_dir, label: str, seed: int = 0) -> StageResult:
+    """Stage ``label`` of a finished run made with ``keep_states``, as `run_rounds` returned it: its record
+    (``seed{seed}/<slug>.json``: status, test metrics per client in client order, history) with its final
+    server and client states (`load_final_states`)."""
+    record = read_json(Path(run_dir) / f"seed{seed}" / f"{slug(label)}.json")
+    kept = load_final_states(run_dir, label, seed)
+    return StageResult(status=record["status"], state=kept["state"], client_states=kept["client_states"],
+                       history=record["history"], per_client=dict(enumerate(record["per_client"])),
+                       best_round=record["best_round"], seconds=record["seconds"], error=record["error"],
+                       missing=record["missing"], engine=record.get("engine", ""))
+
+
 def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool,
                train=train_locally) -> dict:
     """Train and test one stage with ``train`` (an engine), or read it back if a previous run finished it."""

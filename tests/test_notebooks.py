@@ -220,3 +220,64 @@ def test_notebook_links_the_fidelity_ledger(nb):
     link = re.search(r"\]\(((?:\.\./)+docs/fidelity\.md)\)", text)
     assert link, "the intro links docs/fidelity.md"
     assert (nb.parent / link.group(1)).resolve().is_file()
+
+
+# ----------------------------------------------------------------------------- a notebook reading the batch's run
+
+TINY_PC = """
+[experiment]
+paper = "pfedhn"
+table = "Fig. 3"
+title = "tiny pFedHN-PC on digits"
+
+[data]
+dataset = "digits"
+scheme = "pathological"
+num_clients = 4
+split = "paired"
+val_fraction = 0.2
+
+[data.partition]
+classes_per_client = 2
+
+[model]
+name = "digits_cnn"
+
+[methods."pFedHN-PC"]
+algorithm = "pfedhn_pc"
+rounds = 3
+local_steps = 2
+eval_every = 1
+"""
+
+
+def test_trained_reads_a_kept_run_of_the_same_settings_and_trains_otherwise(tmp_path, capsys):
+    """`Session.trained` (pFedHN's Fig. 3 / 4 notebooks): the stage read back from a run that kept its states
+    is what training it in the notebook gives (states and test metrics bitwise); a run with other settings is
+    not read."""
+    from pflkit.fl.federation import federation_for
+    from pflkit.notebooks import setup
+    from pflkit.runner import make_env, run_experiment
+    from pflkit.stages import train_method
+    from tests.helpers_compare import assert_tree
+
+    spec = tmp_path / "tiny_pc.toml"
+    spec.write_text(TINY_PC)
+    session = setup("smoke", str(tmp_path / "nb"), threads=1)
+    exp = session.resolve(str(spec))
+    run_experiment(exp, tmp_path / "runs" / "tiny_pc", progress=False, keep_states=True, engine="sequential")
+    dataset = session.load(exp.data.dataset)
+    fed = federation_for(exp.data, dataset, exp.seed)
+
+    read = session.trained(exp, "pFedHN-PC", fed, make_env(exp, fed, 0), dataset, tmp_path / "runs")
+    assert "pFedHN-PC read from" in capsys.readouterr().out
+    here = train_method(exp, "pFedHN-PC", fed, make_env(exp, fed, 0))
+    assert read.status == here.status == "ok"
+    assert_tree((read.state, read.client_states), (here.state, here.client_states))
+    assert_tree(read.summary, here.summary)
+    assert [r["val_acc"] for r in read.history] == [r["val_acc"] for r in here.history]
+
+    other = session.resolve(str(spec), "methods.pFedHN-PC.rounds=2")
+    again = session.trained(other, "pFedHN-PC", fed, make_env(other, fed, 0), dataset, tmp_path / "runs")
+    assert "has other settings or data" in capsys.readouterr().out
+    assert len(again.history) == 2

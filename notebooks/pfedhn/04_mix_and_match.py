@@ -27,6 +27,9 @@
 # (see `data/README.md`); when none of these works the notebook stops with an error naming it. `standin=True`
 # runs sklearn's digits instead (with a small CNN), and every title, table and printout then names the stand-in.
 # `device="auto"` uses a GPU when there is one; figures go to `figures_dir` (default `out_dir/figures`).
+# With `results_root` pointing at a folder of saved runs (`<results_root>/<experiment>/`, e.g. the work folder of
+# `pflkit reproduce`, which keeps this experiment's trained states), the trained model is read from the run made
+# with the same settings and data instead of being trained again.
 #
 # Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
 # [docs/fidelity.md](../../docs/fidelity.md).
@@ -67,6 +70,7 @@ download = True
 standin = False
 figures_dir = None
 seed = 0
+results_root = None  # a folder of saved runs (<results_root>/<experiment>/), e.g. pflkit reproduce's work folder
 
 # %%
 import matplotlib.pyplot as plt
@@ -79,15 +83,17 @@ from pflkit.fl.federation import federation_for
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
-from pflkit.stages import method_config, train_method
+from pflkit.stages import method_config
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
 exp = session.resolve("pfedhn_fig3_mixmatch")
 data_label = session.dataset_label(exp)
-fed = federation_for(exp.data, session.load(exp.data.dataset, **exp.data.options), exp.seed)
+dataset = session.load(exp.data.dataset, **exp.data.options)
+fed = federation_for(exp.data, dataset, exp.seed)
 env = make_env(exp, fed, seed)
-res = train_method(exp, "pFedHN-PC", fed, env)
+# the batch's run of this experiment, when it kept pFedHN-PC's trained states (same settings and data), else here
+res = session.trained(exp, "pFedHN-PC", fed, env, dataset, results_root)
 print(f"pFedHN-PC on {data_label}, {fed.num_clients} clients: mean test accuracy {100 * res.summary['acc']:.2f}%")
 
 # %%

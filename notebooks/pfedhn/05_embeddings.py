@@ -28,6 +28,9 @@
 # runs sklearn's digits instead (one digit per client, the digit as its group), and every title, table and
 # printout then names the stand-in. `device="auto"` uses a GPU when there is one; figures go to `figures_dir`
 # (default `out_dir/figures`).
+# With `results_root` pointing at a folder of saved runs (`<results_root>/<experiment>/`, e.g. the work folder of
+# `pflkit reproduce`, which keeps this experiment's trained states), the trained model is read from the run made
+# with the same settings and data instead of being trained again.
 #
 # Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
 # [docs/fidelity.md](../../docs/fidelity.md).
@@ -68,6 +71,7 @@ download = True
 standin = False
 figures_dir = None
 seed = 0
+results_root = None  # a folder of saved runs (<results_root>/<experiment>/), e.g. pflkit reproduce's work folder
 
 # %%
 import matplotlib.pyplot as plt
@@ -79,7 +83,6 @@ from pflkit.fl.federation import federation_for
 from pflkit.notebooks import setup
 from pflkit.report.figures import save_figure
 from pflkit.runner import make_env
-from pflkit.stages import train_method
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed)
@@ -100,7 +103,8 @@ print(f"{data_label}: {fed.num_clients} clients; clients per group:", np.bincoun
 
 # %%
 env = make_env(exp, fed, seed)
-res = train_method(exp, "pFedHN", fed, env)
+# the batch's run of this experiment, when it kept pFedHN's trained states (same settings and data), else here
+res = session.trained(exp, "pFedHN", fed, env, dataset, results_root)
 emb = embeddings(res.state).detach().cpu().numpy()
 report = embedding_report(emb, groups)
 print(f"pFedHN on {data_label}: mean test accuracy {100 * res.summary['acc']:.2f}% (embedding dim {emb.shape[1]})")
