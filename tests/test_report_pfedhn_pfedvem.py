@@ -49,11 +49,13 @@ def test_budget_table_puts_the_papers_numbers_beside_ours():
 
 def test_pfedvem_table1_mean_sem_sd_over_seeds():
     results = {"methods": {"pFedVEM": {**_entry([[50.0], [60.0], [70.0]]), "published": 62.6},
-                           "FedAvg": {**_entry([[40.0]]), "per_seed": [40.0, None]}}}
+                           "FedAvg": {**_entry([[40.0]]), "per_seed": [40.0, None], "status": "diverged"}}}
     t = table1(results)
     assert t.loc["pFedVEM", "ours (%)"] == 60.0 and t.loc["pFedVEM", "SD"] == pytest.approx(10.0)
     assert t.loc["pFedVEM", "SEM"] == pytest.approx(10.0 / math.sqrt(3)) and t.loc["pFedVEM", "paper (%)"] == 62.6
     assert t.loc["FedAvg", "seeds"] == 1 and math.isnan(t.loc["FedAvg", "SD"])
+    assert (t.loc["FedAvg", "of"], t.loc["FedAvg", "status"]) == (2, "diverged")  # one of two seeds counted
+    assert (t.loc["pFedVEM", "of"], t.loc["pFedVEM", "status"]) == (3, "ok")
 
 
 def test_trust_frame_reads_the_runs_report(tmp_path):

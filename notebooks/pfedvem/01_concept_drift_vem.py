@@ -222,8 +222,14 @@ print(f"{cfg.name} on {data_label}, preset {preset}: personalized accuracy (%)")
 table.round(2)
 
 # %%
+# a method with a seed that did not finish (status diverged / incomplete) is drawn grey and hatched, and its
+# label says how many seeds its bar averages: never shown as if it had finished
+partial = table["status"] != "ok"
+names = [f"{m}\n({row.seeds} of {row.of} seeds;\n{row.status})" if bad else m
+         for (m, row), bad in zip(table.iterrows(), partial)]
 fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(table), 3.4))
-ax.bar(table.index, table["ours (%)"], yerr=table["SEM"].fillna(0), capsize=3, color="tab:blue")
+ax.bar(names, table["ours (%)"], yerr=table["SEM"].fillna(0), capsize=3,
+       color=["tab:gray" if bad else "tab:blue" for bad in partial], hatch=[("//" if bad else "") for bad in partial])
 ax.set_ylabel("personalized accuracy (%)")
 ax.set_title(f"{cfg.name} on {data_label} - preset {preset}", fontsize=10)
 ax.tick_params(axis="x", rotation=20)

@@ -19,14 +19,16 @@ __all__ = ["table1", "trust_frame"]
 def table1(results: dict) -> pd.DataFrame:
     """Table 1 for one run: per method the mean over seeds of the personalized accuracy (%, mean over
     clients of each client's test accuracy), its standard error (SEM, what the paper reports), the
-    standard deviation over seeds (SD, ``ddof=1``; NaN for one seed), the number of seeds and the
-    published number. A seed that did not finish with ``ok`` has no accuracy and is not counted."""
+    standard deviation over seeds (SD, ``ddof=1``; NaN for one seed), the number of seeds counted, of how
+    many were run, the method's status (``ok`` only when every seed finished) and the published number.
+    A seed that did not finish with ``ok`` has no accuracy and is not counted."""
     rows = {}
     for label, m in results["methods"].items():
         accs = np.array([a for a in m.get("per_seed", []) if a is not None], dtype=np.float64)
         sd = float(accs.std(ddof=1)) if len(accs) > 1 else np.nan
         rows[label] = {"ours (%)": float(accs.mean()) if len(accs) else np.nan,
                        "SEM": sd / np.sqrt(len(accs)) if len(accs) else np.nan, "SD": sd, "seeds": len(accs),
+                       "of": len(m.get("per_seed", [])), "status": m.get("status", "ok"),
                        "paper (%)": m.get("published")}
     return pd.DataFrame.from_dict(rows, orient="index")
 
