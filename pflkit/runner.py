@@ -89,12 +89,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def device_info(cfg: ExperimentConfig) -> dict:
-    """The device a run really used, its GPU's name and the kernel backend each custom op ran with."""
+    """The device a run really used, its GPU's name, the CPU's vector instructions torch's kernels ran
+    with (``cpu_capability``, e.g. AVX2 or AVX512: the same run rounds differently on the two, and
+    training makes single-seed accuracies differ by points) and the kernel backend each custom op ran with."""
     device = resolve_device(cfg.device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     with kernels.use_backend(cfg.kernels):
         used = {op: kernels.resolve(op, device) for op in kernels.OPS}
-    return {"requested": cfg.device, "device": str(device), "gpu": gpu, "kernels": cfg.kernels, "kernels_used": used}
+    return {"requested": cfg.device, "device": str(device), "gpu": gpu,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernels": cfg.kernels, "kernels_used": used}
 
 
 def make_env(cfg: ExperimentConfig, fed: Federation, seed: int, engine: str = "sequential") -> Env:

@@ -286,6 +286,7 @@ def test_results_record_device_and_versions(tmp_path, capsys, demo):
     res = read(tmp_path / "run")
     env, ver = res["environment"], res["version"]
     assert env["requested"] == "auto" and env["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # AVX2 and AVX512 round differently
     assert set(env["kernels_used"]) == {"mixed_batch_norm", "neumann_update", "layerwise_sgd_step"}
     assert ver["torch"] == torch.__version__ and "cuda" in ver and "triton" in ver
 
