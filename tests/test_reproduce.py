@@ -285,7 +285,29 @@ def test_claim_lrnet_input_ari(ari, verdict):
 @pytest.mark.parametrize("pc, verdict", [(88.0, "holds"), (86.5, "holds"), (85.5, "fails"), (None, "not run")])
 def test_claim_pfedhn_pc(pc, verdict):
     methods = {"pFedHN": method(87.0, 88.38), "pFedHN-PC": method(pc, 90.08) if pc else method(None, 90.08, "diverged")}
-    assert cl.pfedhn_pc_matches({"pfedhn_table1_c10_n50": result(methods)}).verdict == verdict
+    c = cl.pfedhn_pc_matches({"pfedhn_table1_c10_n50": result(methods)})
+    assert c.verdict == verdict
+    # a method that ran but diverged is named, not passed over in silence
+    assert ("not compared (not ok): pfedhn_table1_c10_n50: pFedHN-PC (diverged)" in c.reason) == (pc is None), c
+
+
+def test_claims_name_the_rivals_they_left_out():
+    """A diverged rival has no accuracy, so the comparison skips it; the reason says so (and which run)."""
+    methods = {"FedAvg": method(50.0, 47.79), "Per-FedAvg (HF)": method(None, 83.03, "diverged"),
+               "pFedHN": method(88.0, 88.38), "pFedHN-PC": method(None, 90.08, "incomplete")}
+    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": result(methods)})
+    assert c.verdict == "holds"
+    # pFedHN-PC is no baseline of this claim: not named here
+    assert c.reason.endswith("; not compared (not ok): pfedhn_table1_c10_n50: Per-FedAvg (HF) (diverged)"), c
+    vem = {"pFedPer": method(None, 50.9, "diverged"), "pFedMAP": method(58.0, 58.8), "pFedVEM": method(62.0, 62.6)}
+    c = cl.pfedvem_best_under_drift({"pfedvem_omniglot_n50": result(vem)})
+    assert c.verdict == "holds" and "pfedvem_omniglot_n50: pFedPer (diverged)" in c.reason, c
+    fs = {"FedAvg": method(33.0, 33.54), "LG-FedAvg": method(None, 59.95, "diverged"),
+          "FedSelect (0.25)": method(84.0, 84.22)}
+    c = cl.fedselect_beats_fedavg_lg({"fedselect_table1_s2": result(fs)})
+    assert c.verdict == "holds" and c.reason.endswith("fedselect_table1_s2: LG-FedAvg (diverged)"), c
+    ok = {k: method(m["acc_mean"] or 40.0, m["published"]) for k, m in methods.items()}
+    assert "not compared" not in cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": result(ok)}).reason
 
 
 @pytest.mark.parametrize("hn, verdict", [(88.0, "holds"), (85.0, "fails")])

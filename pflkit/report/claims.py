@@ -77,6 +77,20 @@ def _gaps(results: Results, pattern: str, label: str, rivals: Callable[[str], bo
     return rows
 
 
+def _not_ok(results: Results, pattern: str, compared: Callable[[str], bool]) -> list[str]:
+    """``experiment: method (status)`` for each compared method of a result matching ``pattern`` that
+    ran but is not ``ok`` (diverged, incomplete): `acc` leaves it out of every comparison, so a claim
+    names it instead of reading as if it had been beaten."""
+    return [f"{name}: {k} ({m.get('status')})" for name, res in _matching(results, pattern)
+            for k, m in res.get("methods", {}).items() if compared(k) and m.get("status") not in (None, "ok")]
+
+
+def _left_out(results: Results, pattern: str, compared: Callable[[str], bool]) -> str:
+    """`_not_ok` as a clause for a claim's reason ("" when every compared method is ok)."""
+    gone = _not_ok(results, pattern, compared)
+    return f"; not compared (not ok): {', '.join(gone)}" if gone else ""
+
+
 def _count(rows, ok: Callable[[float, float], bool]) -> str:
     return f"{sum(ok(a, b) for _, a, _, b in rows)}/{len(rows)}"
 
@@ -120,14 +134,15 @@ def _pairwise(fn, results: Results, pattern: str, label: str, rivals, ok, rule: 
     """A claim "``label`` vs its best rival, per experiment": holds when ``ok(ours, rival)`` in every one."""
     ours, paper = _gaps(results, pattern, label, rivals), _gaps(results, pattern, label, rivals, published)
     paper_value = f"{rule} in {_count(paper, ok)} rows" if paper else "no published numbers"
+    left_out = _left_out(results, pattern, lambda k: k == label or rivals(k))
     if not ours:
-        return _result(fn, NOT_RUN, paper_value, "-", f"no result of {pattern} with {label} and a rival")
+        return _result(fn, NOT_RUN, paper_value, "-", f"no result of {pattern} with {label} and a rival{left_out}")
     failed = [r for r in ours if not ok(r[1], r[3])]
     verdict = FAILS if failed else HOLDS
     reason = (f"{len(failed)} of {len(ours)} scenarios fail, worst "
               f"{_worst_failure(results, failed, lambda name: (name, label))}" if failed
               else f"every one of {len(ours)} scenarios")
-    return _result(fn, verdict, paper_value, f"{rule} in {_count(ours, ok)}; {_worst(ours)}", reason)
+    return _result(fn, verdict, paper_value, f"{rule} in {_count(ours, ok)}; {_worst(ours)}", reason + left_out)
 
 
 # ----------------------------------------------------------------------------- FedL2P
@@ -274,8 +289,10 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
     ours, paper = rows(acc), rows(published)
     fn = fedselect_beats_fedavg_lg
     paper_value = f"FedSelect above in {_count(paper, lambda a, b: a > b)} comparisons" if paper else "-"
+    left_out = _left_out(results, "fedselect_*_s2", lambda k: k in rivals or bool(FEDSELECT_ROW.match(k)))
     if not ours:
-        return _result(fn, NOT_RUN, paper_value, "-", "no s = 2 result with FedSelect and FedAvg / LG-FedAvg")
+        return _result(fn, NOT_RUN, paper_value, "-",
+                       f"no s = 2 result with FedSelect and FedAvg / LG-FedAvg{left_out}")
     failed = [r for r in ours if not r[1] > r[3]]
     ious = {f"{n}:{k}": v for n, res in _matching(results, "fedselect_*_s2") for k in res.get("methods", {})
             if FEDSELECT_ROW.match(k) and (v := _mask_iou(res, k)) is not None}
@@ -285,6 +302,7 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
               else f"all {len(ours)} comparisons")
     reason += f"; masks identical across clients in {', '.join(same)}" if same else \
         "; masks differ (IoU < 1)" if ious else "; mask IoU not recorded"
+    reason += left_out
     ours_text = f"above in {_count(ours, lambda a, b: a > b)}; {_worst(ours)}"
     if ious:
         ours_text += f"; mask IoU {min(ious.values()):.2f}-{max(ious.values()):.2f}"
