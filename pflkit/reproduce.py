@@ -310,10 +310,12 @@ def _save_status(path: Path, outcomes: list[Outcome]) -> None:
 
 
 def _estimate(compact: Path, status: dict, name: str) -> float | None:
-    """Seconds one experiment is expected to take: its last run's, from its (maybe stale) result or record."""
+    """Seconds one experiment is expected to take: its last run's, from its (maybe stale) result or record;
+    for a run resumed from stages finished earlier, the time of all its stages (a rerun trains them all)."""
     try:
         if compact.exists():
-            return float(read_json(compact)["timing"]["wall_seconds"])
+            timing = read_json(compact)["timing"]
+            return max(float(timing["wall_seconds"]), float(timing.get("total_seconds") or 0.0))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return (status.get(name) or {}).get("seconds")

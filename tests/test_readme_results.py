@@ -42,6 +42,19 @@ def test_render_cells_by_hand():
     assert "`pflkit reproduce --preset cpu --only exp_a`" in text
     a["analysis"] = {"FedL2P": {"beta_mean": 0.0654}, "L2P": {"beta_mean": None}}
     assert "10 min here; learned beta (mean over clients and BN layers): FedL2P 0.07. `pflkit" in render([a])
+    # resumed from stages an earlier invocation finished: all its stages' time, not the last invocation's
+    b["timing"] = {"wall_seconds": 600.0, "total_seconds": 4500.0}
+    assert "`model.options`, 75 min over its stages (resumed; the last invocation 10 min) here." in render([b])
+
+
+def test_the_report_gives_a_resumed_runs_time_over_all_its_stages():
+    from pflkit.report.reproduction import run_time
+
+    assert run_time({"timing": {"wall_seconds": 1087.2, "total_seconds": 4462.6}}) == \
+        "74.4 min over its stages (resumed; the last invocation 18.1 min)"
+    # a run in one go: its stages take about its wall time (data loading and reports on top)
+    assert run_time({"timing": {"wall_seconds": 2534.9, "total_seconds": 2525.2}}) == "42.2 min"
+    assert run_time({}) == ""
 
 
 def test_sync_fills_then_detects_a_changed_number(tmp_path):

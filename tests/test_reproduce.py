@@ -463,6 +463,8 @@ def test_progress_estimate_uses_each_experiments_last_time(tmp_path):
     assert rp._estimate(compact, {}, "x") is None
     compact.write_text(json.dumps({"timing": {"wall_seconds": 12.5}}))
     assert rp._estimate(compact, {"x": {"seconds": 4.0}}, "x") == 12.5
+    compact.write_text(json.dumps({"timing": {"wall_seconds": 12.5, "total_seconds": 300.0}}))  # resumed
+    assert rp._estimate(compact, {"x": {"seconds": 4.0}}, "x") == 300.0
     assert rp._duration(3725) == "1h02m05s" and rp._duration(65) == "1m05s" and rp._duration(4) == "4s"
     # a job without a known time weighs the median of the known ones; none known: the bar counts jobs
     assert rp._weights([None, 10.0, 30.0, None]) == [20.0, 10.0, 30.0, 20.0]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import compact_path
-from pflkit.report.reproduction import data_label
+from pflkit.report.reproduction import data_label, run_time
 
 BLOCK = re.compile(r"<!-- results (?P<preset>[\w-]+): (?P<names>[^>]*?) -->\n(?P<body>.*?)<!-- /results -->",
                    re.DOTALL)
@@ -76,8 +76,8 @@ def _labels(results: list[dict]) -> list[str]:
 def _note(res: dict) -> str:
     dev = ", ".join(f"`{d}`" for d in res.get("deviations", [])) or "none"
     seeds = res.get("config", {}).get("seeds", 1)
-    took = (res.get("timing") or {}).get("wall_seconds")
-    took = f", {took / 60:.0f} min here" if took else ""
+    took = run_time(res, decimals=0)
+    took = f", {took} here" if took else ""
     betas = [f"{label} {a['beta_mean']:.2f}" for label, a in (res.get("analysis") or {}).items()
              if (a or {}).get("beta_mean") is not None]
     beta = f"; learned beta (mean over clients and BN layers): {', '.join(betas)}" if betas else ""

@@ -135,6 +135,20 @@ def _labels(rows: list[dict]) -> list[str]:
     return list(labels)
 
 
+def run_time(res: dict, decimals: int = 1) -> str:
+    """How long a run took, in minutes: its wall time, or, when the run was resumed from stages an
+    earlier invocation had finished (its stages took longer than the last invocation), the time of
+    all its stages with the last invocation's beside it. "" when the result records no timing."""
+    timing = res.get("timing") or {}
+    wall, stages = timing.get("wall_seconds"), timing.get("total_seconds")
+    if not wall:
+        return ""
+    if stages and stages > wall + 60:
+        return (f"{stages / 60:.{decimals}f} min over its stages (resumed; the last invocation "
+                f"{wall / 60:.{decimals}f} min)")
+    return f"{wall / 60:.{decimals}f} min"
+
+
 def _row_note(res: dict, status: dict) -> str:
     name = res["experiment"]
     if "methods" not in res:
@@ -145,8 +159,8 @@ def _row_note(res: dict, status: dict) -> str:
     dev = ", ".join(f"`{d}`" for d in res.get("deviations", [])) or "none declared"
     ver = res.get("version", {})
     commit = f", commit {ver['git'][:10]}" if ver.get("git") else ""
-    took = (res.get("timing") or {}).get("wall_seconds")
-    took = f", {took / 60:.1f} min" if took else ""
+    took = run_time(res)
+    took = f", {took}" if took else ""
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**."
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "
             f"Deviations from the paper's settings: {dev}.{bad} Run with pflkit {ver.get('pflkit', '?')}{commit}"
