@@ -291,6 +291,23 @@ def test_claim_pfedhn_pc(pc, verdict):
     assert ("not compared (not ok): pfedhn_table1_c10_n50: pFedHN-PC (diverged)" in c.reason) == (pc is None), c
 
 
+@pytest.mark.parametrize("late, rising", [(0.63, True), (0.605, False)])
+def test_a_failed_claim_says_when_the_method_was_still_learning(late, rising):
+    """pFedHN at a cut step budget: validation accuracy still climbing in the last quarter of its rounds
+    (mean over seeds) is named as the likely reason; a plateau is not."""
+    curve = [(30, 0.13), (150, 0.40), (300, 0.60), (330, 0.59), (360, late), (400, 0.61)]
+    res = result({"FedPer": method(84.3, 83.39), "pFedHN": method(60.8, 88.38)})
+    res["history"] = {"pFedHN": {f"seed{s}": [{"round": r, "val_acc": a + d} for r, a in curve]
+                                 for s, d in ((0, -0.01), (1, 0.01))}}
+    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": res})
+    assert c.verdict == "fails"
+    clause = ("pFedHN's validation accuracy was still rising when training stopped (best 60.0% up to round 300, "
+              f"{100 * late:.1f}% after, of 400 rounds)")
+    assert (clause in c.reason) == rising, c.reason
+    res["history"]["pFedHN"] = {"seed0": [{"round": r, "val_acc": a} for r, a in curve[:3]]}  # too few to tell
+    assert "still rising" not in cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": res}).reason
+
+
 def test_claims_name_the_rivals_they_left_out():
     """A diverged rival has no accuracy, so the comparison skips it; the reason says so (and which run)."""
     methods = {"FedAvg": method(50.0, 47.79), "Per-FedAvg (HF)": method(None, 83.03, "diverged"),

@@ -109,12 +109,39 @@ def _versus_paper(res: dict, label: str, rival: str) -> str:
     return f"{side(label)} vs {side(rival)}"
 
 
+STILL_RISING = 0.01  # validation accuracy gained in the last quarter of training that counts as "still rising"
+
+
+def still_rising(res: dict, label: str) -> str:
+    """Whether ``label`` was still learning when its training stopped: its validation accuracy (mean over
+    seeds, per evaluated round) peaks in the last quarter of its rounds more than `STILL_RISING` above
+    its best before; then a clause saying so (a shortfall may be the preset's budget), else ""."""
+    by_round: dict[int, list[float]] = {}
+    for rows in ((res.get("history") or {}).get(label) or {}).values():
+        for row in rows or []:
+            if row.get("val_acc") is not None and row.get("round") is not None:
+                by_round.setdefault(int(row["round"]), []).append(float(row["val_acc"]))
+    if len(by_round) < 4:
+        return ""
+    last = max(by_round)
+    mean = {r: sum(v) / len(v) for r, v in by_round.items()}
+    early = [a for r, a in mean.items() if r <= 0.75 * last]
+    late = [a for r, a in mean.items() if r > 0.75 * last]
+    if not early or not late or max(late) - max(early) <= STILL_RISING:
+        return ""
+    cut = max(r for r in mean if r <= 0.75 * last)
+    return (f"; {label}'s validation accuracy was still rising when training stopped (best {100 * max(early):.1f}% "
+            f"up to round {cut}, {100 * max(late):.1f}% after, of {last} rounds): this preset's budget may be short")
+
+
 def _worst_failure(results: Results, failed, split: Callable[[str], tuple[str, str]]) -> str:
-    """``experiment: label vs rival`` (`_versus_paper`) for the failed row with the largest shortfall;
-    ``split`` turns a row's name into (experiment, label)."""
+    """``experiment: label vs rival`` (`_versus_paper`) for the failed row with the largest shortfall,
+    and whether ``label`` was still learning there (`still_rising`); ``split`` turns a row's name into
+    (experiment, label)."""
     name, _, rival, _ = min(failed, key=lambda r: r[1] - r[3])
     experiment, label = split(name)
-    return f"{experiment}: {_versus_paper(results[experiment], label, rival)}"
+    res = results[experiment]
+    return f"{experiment}: {_versus_paper(res, label, rival)}{still_rising(res, label)}"
 
 
 def _result(fn, verdict: str, paper_value: str, ours: str, reason: str) -> ClaimResult:
