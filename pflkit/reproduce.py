@@ -43,7 +43,7 @@ from typing import Callable, Iterator
 import pflkit
 from pflkit.config import ConfigError
 from pflkit.io import locked_folder, read_json, write_json
-from pflkit.report.compact import COMPACT_FORMAT, compact_path, compact_result
+from pflkit.report.compact import COMPACT_FORMAT, compact_path, compact_result, config_digest
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,6 @@ MARKER = "reproduce.json"  # in a work folder: the configuration and code its ru
 # mix-and-match (Fig. 3) and pFedHN's client embeddings (Fig. 4). Kept in the work folder only, so the notebook
 # reads them instead of training the same model again
 KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
-# settings that do not change a run's numbers (or only document it): not part of `config_hash`
-NOT_HASHED = ("published", "published_detail", "title", "deviations", "device", "kernels")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine)
 NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
@@ -157,9 +155,9 @@ def _digest(root: Path) -> dict:
 
 
 def config_hash(cfg) -> str:
-    """Digest of the resolved configuration less `NOT_HASHED` (seeds and sizes count)."""
-    d = {k: v for k, v in cfg.to_dict().items() if k not in NOT_HASHED}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Digest of the resolved configuration less the settings that do not change a run's numbers
+    (`pflkit.report.compact.config_digest`; seeds and sizes count)."""
+    return config_digest(cfg.to_dict())
 
 
 def _up_to_date(stored: Path, cfg, code: dict | None) -> tuple[bool, str]:

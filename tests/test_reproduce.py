@@ -6,6 +6,7 @@ round; and the same on CIFAR-100, which is not available offline), so they take 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from pflkit.cli import main
 from pflkit.experiments import resolve
 from pflkit.report import claims as cl
 from pflkit.report import compact as cp
-from pflkit.report.reproduction import build_report
+from pflkit.report.reproduction import build_report, out_of_date
 from pflkit.fl.loop import check_finite, nbytes
 from pflkit.runner import load_final_states
 
@@ -201,6 +202,32 @@ def test_report_shows_published_and_measured_numbers(batch, tmp_path):
     out = tmp_path / "REPRODUCTION.md"
     assert main(["reproduce", "--report", "--results", str(batch["kw"]["results_dir"]), "--output", str(out)]) == 0
     assert "Reproduction report" in out.read_text()
+
+
+def test_the_report_marks_a_result_whose_experiment_file_changed_since(batch, tmp_path):
+    results, catalog = tmp_path / "results", tmp_path / "catalog"
+    shutil.copytree(batch["kw"]["results_dir"], results)
+    shutil.copytree(batch["catalog"], catalog)
+    compact = results / "smoke" / "tiny_digits.json"
+    res = json.loads(compact.read_text())
+    epochs = res["config"]["methods"][0]["epochs"]
+    write_tiny(catalog, "tiny_digits", epochs=epochs)
+    assert not out_of_date(res, catalog)
+    assert "out of date" not in build_report(results, catalog=catalog).lower()
+    # a new published number documents the run: the same configuration
+    write_tiny(catalog, "tiny_digits", epochs=epochs, ft_published=1.5)
+    assert not out_of_date(res, catalog)
+    # a setting that changes the numbers: marked in the table, in the row's note and in the count
+    write_tiny(catalog, "tiny_digits", epochs=epochs + 1)
+    assert out_of_date(res, catalog)
+    text = build_report(results, catalog=catalog)
+    assert "| `tiny_digits` (out of date) |" in text and "1 of them is out of date" in text
+    assert "- `tiny_digits`: " in text and "**Out of date**: its experiment file has changed" in text
+    # the batch agrees: it is the one it would rerun
+    cfg = resolve(catalog / "tiny" / "tiny_digits.toml", "smoke")
+    assert rp._up_to_date(compact, cfg, None) == (False, "configuration changed")
+    # a result of an experiment the catalog does not know is not judged
+    assert not out_of_date({**res, "experiment": "no_such_experiment"}, catalog)
 
 
 def test_fedl2p_reports_are_summarized_with_beta_and_ari(tmp_path):

@@ -9,6 +9,7 @@ per-seed report (FedL2P's beta and sparsity per client, the ARI of Table 6). No 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -16,6 +17,16 @@ from pathlib import Path
 from pflkit.io import read_json, slug
 
 COMPACT_FORMAT = 1
+# settings that do not change a run's numbers (or only document it): not part of `config_digest`
+NOT_HASHED = ("published", "published_detail", "title", "deviations", "device", "kernels")
+
+
+def config_digest(config: dict) -> str:
+    """Digest of a resolved configuration (``ExperimentConfig.to_dict()``) less `NOT_HASHED`: what the
+    batch compares to skip an experiment and the report to say a result is out of date."""
+    d = {k: v for k, v in config.items() if k not in NOT_HASHED}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
 
 def compact_path(results_dir, preset: str, name: str) -> Path:
     return Path(results_dir) / preset / f"{name}.json"

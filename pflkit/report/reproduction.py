@@ -5,8 +5,9 @@ Per preset, paper and table: one row per experiment, one column per method, each
 deviation over seeds when there are several; paper: the experiment file's ``[published]`` number).
 Under each table, per row: the data actually used (a stand-in named as such), the seeds, the declared
 deviations from the paper's settings and the command that reproduces the row. Experiments of the
-catalog without a result are listed with the reason the last batch gave (``_status.json``). The
-claims of `pflkit.report.claims` come first.
+catalog without a result are listed with the reason the last batch gave (``_status.json``); a result
+whose experiment file has changed since it ran is marked out of date (`out_of_date`). The claims of
+`pflkit.report.claims` come first.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import re
 from pathlib import Path
 
 from pflkit.io import atomic_write, read_json
+from pflkit.report.compact import config_digest
 
 PAPERS = {
     "fedl2p": "FedL2P: Federated Learning to Personalize (Lee et al., NeurIPS 2023)",
@@ -73,6 +75,36 @@ def _catalog(preset: str, root=None) -> dict[str, dict]:
         out[name] = {"experiment": name, "paper": cfg.paper, "table": cfg.table, "title": cfg.title,
                      "preset": preset, "config": cfg.to_dict(), "deviations": list(cfg.deviations)}
     return out
+
+
+def _current_digest(name: str, preset: str, overrides: tuple[str, ...], root: str | None) -> str | None:
+    """`config_digest` of catalog experiment ``name`` resolved now at ``preset`` with ``overrides``;
+    None when the catalog has no such experiment or it does not resolve."""
+    from pflkit.config import ConfigError
+    from pflkit.experiments import list_experiments, resolve
+
+    path = list_experiments(Path(root) if root else None).get(name)
+    if path is None:
+        return None
+    try:
+        return config_digest(resolve(path, preset, list(overrides)).to_dict())
+    except ConfigError:
+        return None
+
+
+STALE = (" **Out of date**: its experiment file has changed since this run, so these are an earlier configuration's "
+         "numbers; the command after `Reproduce` reruns it.")
+
+
+def out_of_date(res: dict, root=None) -> bool:
+    """Whether the experiment file now resolves (at the result's preset, with its ``--set`` overrides) to
+    another configuration than the one ``res`` was run with: its numbers are then an earlier setting's,
+    and `pflkit reproduce` reruns it. False for a result the catalog does not know."""
+    if "methods" not in res:
+        return False
+    now = _current_digest(res["experiment"], res.get("preset", "cpu"), tuple(res.get("overrides") or ()),
+                          str(root) if root else None)
+    return now is not None and now != (res.get("fingerprint") or {}).get("config")
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +181,7 @@ def run_time(res: dict, decimals: int = 1) -> str:
     return f"{wall / 60:.{decimals}f} min"
 
 
-def _row_note(res: dict, status: dict) -> str:
+def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     name = res["experiment"]
     if "methods" not in res:
         st = status.get(name) or {}
@@ -162,23 +194,27 @@ def _row_note(res: dict, status: dict) -> str:
     took = run_time(res)
     took = f", {took}" if took else ""
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**."
+    bad += STALE if stale else ""
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "
             f"Deviations from the paper's settings: {dev}.{bad} Run with pflkit {ver.get('pflkit', '?')}{commit}"
             f"{took}. Reproduce: `{res.get('command', '')}`")
 
 
-def table_section(table: str, rows: list[dict], status: dict) -> str:
-    """One paper table: the matrix of ``ours / paper`` cells, then one note per row."""
+def table_section(table: str, rows: list[dict], status: dict, stale: frozenset = frozenset()) -> str:
+    """One paper table: the matrix of ``ours / paper`` cells, then one note per row; the experiments
+    named in ``stale`` are marked out of date (`out_of_date`)."""
     labels = _labels(rows)
     lines = [f"#### {table or 'other'}", ""]
+    notes = [_row_note(r, status, r["experiment"] in stale) for r in rows]
     if not labels:  # no method has a result or a published number yet: the notes only
-        return "\n".join(lines + [_row_note(r, status) for r in rows] + [""])
+        return "\n".join(lines + notes + [""])
     lines += ["| experiment | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for res in rows:
         published = res.get("config", {}).get("published", {})
         first = f"`{res['experiment']}`" + ("" if "methods" in res else " (not run)")
+        first += " (out of date)" if res["experiment"] in stale else ""
         lines.append(f"| {first} | " + " | ".join(_cell(res, k, published) for k in labels) + " |")
-    return "\n".join(lines + [""] + [_row_note(r, status) for r in rows] + [""])
+    return "\n".join(lines + [""] + notes + [""])
 
 
 def claims_section(results: dict[str, dict]) -> str:
@@ -191,11 +227,14 @@ def claims_section(results: dict[str, dict]) -> str:
     return "\n".join(lines + [""])
 
 
-def preset_section(preset: str, results: dict[str, dict], status: dict, catalog: dict[str, dict]) -> str:
-    """Claims, then every paper's tables, for one preset (catalog experiments without a result included)."""
+def preset_section(preset: str, results: dict[str, dict], status: dict, catalog: dict[str, dict],
+                   stale: frozenset = frozenset()) -> str:
+    """Claims, then every paper's tables, for one preset (catalog experiments without a result included);
+    the results named in ``stale`` are marked out of date."""
     rows = {**catalog, **results}
     done = sum("methods" in r for r in rows.values())
-    out = [f"## Preset `{preset}`", "", f"{done} of {len(rows)} experiments have results at this preset.", "",
+    old = f" {len(stale)} of them {'is' if len(stale) == 1 else 'are'} out of date (marked below)." if stale else ""
+    out = [f"## Preset `{preset}`", "", f"{done} of {len(rows)} experiments have results at this preset.{old}", "",
            claims_section(rows)]
     order = list(PAPERS)
     papers = sorted({r.get("paper", "") for r in rows.values()},
@@ -205,15 +244,16 @@ def preset_section(preset: str, results: dict[str, dict], status: dict, catalog:
         mine = [r for r in rows.values() if r.get("paper", "") == paper]
         for table in sorted({r.get("table", "") for r in mine}, key=_natural):
             out.append(table_section(table, sorted((r for r in mine if r.get("table", "") == table),
-                                                   key=lambda r: _natural(r["experiment"])), status))
+                                                   key=lambda r: _natural(r["experiment"])), status, stale))
     return "\n".join(out)
 
 
 def build_report(results_dir="results", presets=None, *, catalog=None, with_catalog: bool = True) -> str:
     """The whole report (markdown) from ``results_dir``; ``presets`` limits it (default: every one found).
 
-    ``catalog``: the experiment folder whose experiments without a result are listed (default: the
-    package's); ``with_catalog=False`` lists only the experiments that have results.
+    ``catalog``: the experiment folder whose experiments without a result are listed and against whose
+    files each result is checked (`out_of_date`; default: the package's); ``with_catalog=False`` lists
+    only the experiments that have results and checks none.
     """
     found = load_results(results_dir)
     presets = list(presets) if presets else list(found)
@@ -224,7 +264,9 @@ def build_report(results_dir="results", presets=None, *, catalog=None, with_cata
         status_path = Path(results_dir) / preset / "_status.json"
         status = read_json(status_path) if status_path.exists() else {}
         experiments = _catalog(preset, catalog) if with_catalog else {}
-        parts.append(preset_section(preset, found.get(preset, {}), status, experiments))
+        mine = found.get(preset, {})
+        stale = frozenset(n for n, r in mine.items() if with_catalog and out_of_date(r, catalog))
+        parts.append(preset_section(preset, mine, status, experiments, stale))
         parts.append(_matrix_section(preset, found.get(preset, {})))
     return "\n".join(parts)
 
