@@ -236,6 +236,10 @@ def preset_section(preset: str, results: dict[str, dict], status: dict, catalog:
     old = f" {len(stale)} of them {'is' if len(stale) == 1 else 'are'} out of date (marked below)." if stale else ""
     out = [f"## Preset `{preset}`", "", f"{done} of {len(rows)} experiments have results at this preset.{old}", "",
            claims_section(rows)]
+    if stale:
+        names = ", ".join(f"`{n}`" for n in sorted(stale, key=_natural))
+        out += [f"Out of date (their experiment files have changed since they ran; a claim that reads them reads "
+                f"the earlier configuration's numbers): {names}.", ""]
     order = list(PAPERS)
     papers = sorted({r.get("paper", "") for r in rows.values()},
                     key=lambda p: (order.index(p) if p in order else len(order), p))
