@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import compact_path
-from pflkit.report.reproduction import data_label, out_of_date, run_time
+from pflkit.report.reproduction import STALE, data_label, out_of_date, run_time
 
 BLOCK = re.compile(r"<!-- results (?P<preset>[\w-]+): (?P<names>[^>]*?) -->\n(?P<body>.*?)<!-- /results -->",
                    re.DOTALL)
@@ -81,8 +81,7 @@ def _note(res: dict) -> str:
     betas = [f"{label} {a['beta_mean']:.2f}" for label, a in (res.get("analysis") or {}).items()
              if (a or {}).get("beta_mean") is not None]
     beta = f"; learned beta (mean over clients and BN layers): {', '.join(betas)}" if betas else ""
-    old = (" **Out of date**: its experiment file has changed since this run (an earlier configuration's numbers);"
-           " rerun with" if out_of_date(res) else "")
+    old = f" {STALE}; rerun with" if out_of_date(res) else ""
     return (f"- `{res['experiment']}`: {data_label(res)}; seeds {seeds}; declared deviations: {dev}{took}{beta}.{old} "
             f"`{res.get('command', '')}`")
 

@@ -92,8 +92,8 @@ def _current_digest(name: str, preset: str, overrides: tuple[str, ...], root: st
         return None
 
 
-STALE = (" **Out of date**: its experiment file has changed since this run, so these are an earlier configuration's "
-         "numbers; the command after `Reproduce` reruns it.")
+# said of a result whose experiment file has changed since it ran (`out_of_date`), here and in the README
+STALE = "**Out of date**: its experiment file has changed since this run, so these are an earlier configuration's numbers"
 
 
 def out_of_date(res: dict, root=None) -> bool:
@@ -194,7 +194,7 @@ def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     took = run_time(res)
     took = f", {took}" if took else ""
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**."
-    bad += STALE if stale else ""
+    bad += f" {STALE}; the command after `Reproduce` reruns it." if stale else ""
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "
             f"Deviations from the paper's settings: {dev}.{bad} Run with pflkit {ver.get('pflkit', '?')}{commit}"
             f"{took}. Reproduce: `{res.get('command', '')}`")
