@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from pflkit.kernels import differentiated_twice
 from pflkit.meta.functional import forward, model_tensors
 from pflkit.meta.conv_hvp import cheap_conv_double_backward
 from pflkit.meta.hypergrad import fo_maml_metagrad, hf_maml_metagrad, ift_hypergrad
@@ -170,7 +171,7 @@ def ift_breakdown(parts, device, cheap_conv: bool = True) -> dict[str, float]:
     g = torch.autograd.grad(val_loss(th, la), th + la, allow_unused=True)
     out["d L_V (theta, lambda)"] = clock() - t0
     t0 = clock()
-    with cheap_conv_double_backward(cheap_conv):
+    with cheap_conv_double_backward(cheap_conv), differentiated_twice():
         lt = train_loss(th, la)
     dt = torch.autograd.grad(lt, th, create_graph=True)
     out["d_theta L_T with graph"] = clock() - t0

@@ -204,7 +204,8 @@ def keep_largest(scores: dict[str, torch.Tensor], candidates: Mask, share: float
     out = {}
     for names in groups:
         cand = torch.cat([candidates[n].flatten() for n in names])
-        score = torch.cat([scores[n].detach().flatten().float() for n in names])
+        # ranked where the masks live (the host): ties break alike whichever device made the scores
+        score = torch.cat([scores[n].detach().flatten().float().to(cand.device) for n in names])
         n = int(cand.sum())
         keep = torch.zeros_like(cand)
         if n > 0:

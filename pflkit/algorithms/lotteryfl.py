@@ -72,7 +72,7 @@ def prune(weights: dict, keep: dict, names, step: float) -> dict:
 
 def rewind(init: dict, keep: dict) -> dict:
     """theta_0 at kept entries, 0 at pruned ones (the lottery-ticket reset)."""
-    return {k: v.masked_fill(~keep[k], 0) if k in keep else v.clone() for k, v in init.items()}
+    return {k: v.masked_fill(~keep[k].to(v.device), 0) if k in keep else v.clone() for k, v in init.items()}
 
 
 def client_update(msg, client, client_state, cfg, env):

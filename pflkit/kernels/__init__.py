@@ -18,6 +18,9 @@ enters it from ``Env.kernels`` for the stage it runs):
   tests; the variable must be set before anything imports triton).
 * ``"reference"``: always the pure-PyTorch reference.
 
+Whatever the setting, a graph built inside `differentiated_twice` (to be differentiated again, as
+FedL2P's IFT hypergradient does) records the reference `mixed_batch_norm`.
+
 The setting lives in a context variable: ``with use_backend("reference"): ...`` holds for
 the block, in this thread and in the tasks it hands on with its context (the ``threads``
 engine does), and never leaks into the next run of a notebook. Outside any block the
@@ -46,7 +49,8 @@ OPS = {"mixed_batch_norm": "mixed_bn_triton", "neumann_update": "neumann_triton"
 ENV_VAR = "PFLKIT_KERNELS"
 
 __all__ = ["BACKENDS", "OPS", "mixed_batch_norm", "neumann_update", "layerwise_sgd_step", "set_backend",
-           "get_backend", "use_backend", "is_available", "resolve", "validate_backend", "triton_importable"]
+           "get_backend", "use_backend", "is_available", "resolve", "validate_backend", "triton_importable",
+           "differentiated_twice"]
 
 
 def validate_backend(name: str) -> str:
@@ -87,6 +91,28 @@ def use_backend(name: str):
         yield
     finally:
         _current.reset(token)
+
+
+_twice: contextvars.ContextVar[bool] = contextvars.ContextVar("pflkit_kernels_twice", default=False)
+
+
+@contextlib.contextmanager
+def differentiated_twice():
+    """Context manager for building a graph that autograd differentiates again (``create_graph``):
+    inside, `mixed_batch_norm` records the reference op whatever the setting.
+
+    The Triton op's differentiable backward runs a nested autograd pass per BN layer. On an H200,
+    FedL2P's IFT hypergradient of the CIFAR ResNet-18 (whose d_theta L_T graph holds those passes
+    beside `pflkit.meta.conv_hvp`'s) did not finish within 50 s, where it takes 0.16 s with the
+    reference op; a LeNet's, the digits CNN's and a chain of 24 Triton BN layers alone did finish.
+    The cause was not isolated; `pflkit.meta.hypergrad` builds IFT's L_T and the exact MAML Hessian in this block.
+    The other ops are not affected (`neumann_update` refuses autograd; `layerwise_sgd_step`'s
+    backward launches kernels, no nested pass)."""
+    token = _twice.set(True)
+    try:
+        yield
+    finally:
+        _twice.reset(token)
 
 
 def triton_importable() -> bool:
@@ -166,8 +192,9 @@ def mixed_batch_norm(x: torch.Tensor, pt_mean: torch.Tensor, pt_var: torch.Tenso
                      client_mean: torch.Tensor | None, client_var: torch.Tensor | None,
                      beta: float | torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                      training: bool, momentum: float = 0.1, eps: float = 1e-5, mode: str = "mixed") -> torch.Tensor:
-    """Beta-mixed batch norm (FedL2P Eq. 1-2); see `reference.mixed_batch_norm`."""
-    if get_backend() == "reference":
+    """Beta-mixed batch norm (FedL2P Eq. 1-2); see `reference.mixed_batch_norm`; the reference op
+    inside `differentiated_twice`."""
+    if get_backend() == "reference" or (_twice.get() and torch.is_grad_enabled()):
         return reference.mixed_batch_norm(x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias,
                                           training, momentum, eps, mode)
     impl = _pick("mixed_batch_norm", x.device, (x, pt_mean, pt_var, client_mean, client_var, beta, weight, bias))

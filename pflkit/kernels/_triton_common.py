@@ -213,7 +213,7 @@ def pointer_table(*lists) -> torch.Tensor:
     """int64 (len(lists), L) table of data pointers, built on the host and copied once."""
     device = lists[0][0].device
     rows = [[t.data_ptr() for t in lst] for lst in lists]
-    return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    return torch.tensor(rows, dtype=torch.int64, device="cpu").to(device, non_blocking=True)
 
 
 def check_same_device(name: str, tensors) -> None:

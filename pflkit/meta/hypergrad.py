@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from pflkit.kernels import differentiated_twice
 from pflkit.meta.conv_hvp import cheap_conv_double_backward
 from pflkit.meta.linear_solve import MatVec
 
@@ -93,7 +94,7 @@ def ift_hypergrad(train_loss: Loss, val_loss: Loss, theta: Tensors, lam: Tensors
     lv = val_loss(theta, lam)
     dv = _grads(lv, theta + lam)
     v, direct = dv[:n], dv[n:]
-    with cheap_conv_double_backward(cheap_conv):
+    with cheap_conv_double_backward(cheap_conv), differentiated_twice():
         lt = train_loss(theta, lam)
     dt = _grads(lt, theta, create_graph=True)
 
@@ -154,7 +155,8 @@ def maml_direction(inner_loss: Callable[[list[torch.Tensor]], torch.Tensor],
     f_h = hessian_loss or inner_loss
     if hessian == "exact":
         x = leaves(theta)
-        g = _grads(f_h(x), x, create_graph=True)
+        with differentiated_twice():
+            g = _grads(f_h(x), x, create_graph=True)
         hv = _grads(sum((a * b).sum() for a, b in zip(g, u)), x)
     else:
         plus = leaves([t + delta * d for t, d in zip(theta, u)])

@@ -95,6 +95,38 @@ def test_triton_setting_runs_cpu_tensors_in_the_interpreter(spy, tol):
     torch.testing.assert_close(got, want, **tol[torch.float32])
 
 
+@requires_triton
+def test_a_graph_differentiated_twice_records_the_reference_batch_norm(spy, monkeypatch):
+    """Inside `differentiated_twice` (with grad on) the mixed BN is the reference op whatever the
+    setting; outside the block, or without grad, the Triton op runs as before; and
+    `ift_hypergrad` builds d_theta L_T inside the block."""
+    from pflkit.meta import hypergrad
+
+    kernels.set_backend("triton")
+    x = _bn_args()[0].requires_grad_(True)
+    with kernels.differentiated_twice():
+        kernels.mixed_batch_norm(x, *_bn_args()[1:])
+        with torch.no_grad():
+            kernels.mixed_batch_norm(*_bn_args())
+    assert spy == ["mixed_batch_norm"]  # the no-grad call only
+    kernels.mixed_batch_norm(x, *_bn_args()[1:])
+    assert spy == ["mixed_batch_norm", "mixed_batch_norm"]
+
+    seen = []
+
+    def train_loss(theta, lam):
+        seen.append(kernels._twice.get())
+        return (theta[0] * lam[0]).pow(2).sum()
+
+    def val_loss(theta, lam):
+        seen.append(kernels._twice.get())
+        return (theta[0] - lam[0]).pow(2).sum()
+
+    hypergrad.ift_hypergrad(train_loss, val_loss, [torch.ones(2)], [torch.ones(2)],
+                            solve=lambda matvec, b: b, cheap_conv=False)
+    assert seen == [False, True]  # L_V first, outside; then L_T, inside
+
+
 def test_triton_setting_without_cuda_or_interpreter_raises(monkeypatch, spy):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     kernels.set_backend("triton")
