@@ -106,8 +106,8 @@ def test_layerwise_sgd_step_clamp_rule(triton_cuda):
 # ---------------------------------------------------- (b) whole runs: Triton kernels = reference ops
 
 # Tolerances of a run with kernels=triton against the same run with kernels=reference, both on
-# CUDA under `fp32_cuda` (deterministic cuDNN, no TF32: only the kernels differ). The kernels compute the same
-# math in another summation order (fp32 partial sums merged by Chan's formula; one multi-tensor
+# CUDA under `fp32_cuda` (deterministic cuDNN, no TF32: only the kernels differ). The kernels compute
+# the same math in another summation order (fp32 partial sums merged by Chan's formula; one multi-tensor
 # launch), i.e. ~1e-6 relative per op; a smoke run takes a few dozen SGD and meta steps, after which
 # losses agree to ~1e-4 relative. A test prediction whose two best logits are closer than that can
 # flip, so a client's accuracy may differ by one test sample, no more. Runs of pFedHN, FedSelect and
@@ -118,11 +118,10 @@ SAMPLES_THAT_MAY_FLIP = 1
 
 @contextlib.contextmanager
 def fp32_cuda():
-    """Deterministic cuDNN algorithms and no TF32: two runs that compute the same float32 operations
-    (differently grouped) then differ by float32 rounding only. Torch's default lets cuDNN convolve in
-    TF32 (10-bit mantissa, ~1e-3 relative per op on Ampere and later), and a batched (vectorized)
-    convolution may pick another algorithm than a single one, so with TF32 on the runs drift apart
-    by ~1e-3 after a few rounds (seen on an H200: FedSelect's losses 1.3149 vs 1.3135)."""
+    """Deterministic cuDNN algorithms and no TF32, so that two runs of the same float32 operations
+    (grouped differently) differ by float32 rounding, not by TF32's 10-bit mantissa: torch lets cuDNN
+    convolve in TF32 by default on Ampere and later GPUs, and a batched convolution may take another
+    algorithm than a single one."""
     flags = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
              torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
@@ -198,10 +197,11 @@ def test_auto_device_resolves_to_cuda_and_the_run_uses_it(tmp_path):
 
 # How far two runs may drift apart from float rounding alone is measured, not assumed: the
 # sequential run again, from the same start with every weight one ulp up. Local SGD amplifies such a
-# difference (seen on an H200: FedSelect's digits run, whose one-ulp twin moved a client's loss by
-# ~1e-3 relative, as much as the vectorized engine did), so the engines may differ by up to
-# ROUNDING_FACTOR times that drift (or LOSS_RTOL, whichever is larger); a batching error (a wrong
-# batch, a BatchNorm statistic left out) moves the numbers by far more.
+# difference, FedSelect's top-k mask choice most (its digits run here: the vectorized engine moved a
+# client's loss by 1e-3 relative on an H200, TF32 off; on the CPU the one-ulp twin moves it by up to
+# 4e-4 relative), so the engines may differ by up to ROUNDING_FACTOR times that drift (or LOSS_RTOL,
+# whichever is larger); a batching error (a wrong batch, a BatchNorm statistic left out) moves the
+# numbers by far more.
 ROUNDING_FACTOR = 10
 
 

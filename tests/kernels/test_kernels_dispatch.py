@@ -126,6 +126,14 @@ def test_a_graph_differentiated_twice_records_the_reference_batch_norm(spy, monk
                             solve=lambda matvec, b: b, cheap_conv=False)
     assert seen == [False, True]  # L_V first, outside; then L_T, inside
 
+    def loss(theta):
+        seen.append(kernels._twice.get())
+        return theta[0].pow(3).sum()
+
+    seen.clear()
+    hypergrad.maml_direction(loss, loss, [torch.ones(2)], alpha=0.1, hessian="exact")
+    assert seen == [False, False, True]  # inner and outer losses outside, the Hessian's loss inside
+
 
 def test_triton_setting_without_cuda_or_interpreter_raises(monkeypatch, spy):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
