@@ -202,8 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default=None, help="compared with sequential (always run; default: threads and "
                                                    "vectorized on a CPU, vectorized on CUDA)")
     ap.add_argument("--tf32", choices=("default", "off"), default="default",
-                    help="off: full-fp32 convolutions and matmuls on CUDA (torch's default lets cuDNN use TF32, "
-                         "whose 10-bit mantissa makes the engines' states differ by far more than fp32 rounding)")
+                    help="off: full-fp32 convolutions and matmuls on CUDA (torch's default lets cuDNN convolve in "
+                         "TF32, a 10-bit mantissa)")
     a = ap.parse_args(argv)
     import torch
 
