@@ -25,6 +25,7 @@ import test_kernels_mixed_bn as mbn  # noqa: E402
 import test_kernels_neumann as neu  # noqa: E402
 import test_kernels_sgd as sgd  # noqa: E402
 
+from benchmarks.vectorized import ROUNDING_FACTOR, nudged  # noqa: E402
 from pflkit import kernels  # noqa: E402
 from pflkit.algorithms import ALGORITHMS  # noqa: E402
 
@@ -196,22 +197,13 @@ def test_auto_device_resolves_to_cuda_and_the_run_uses_it(tmp_path):
 # ------------------------------------------------------------- (d) the vectorized engine on CUDA
 
 # How far two runs may drift apart from float rounding alone is measured, not assumed: the
-# sequential run again, from the same start with every weight one ulp up. Local SGD amplifies such a
-# difference, FedSelect's top-k mask choice most (its digits run here: the vectorized engine moved a
-# client's loss by 1e-3 relative on an H200, TF32 off; on the CPU the one-ulp twin moves it by up to
-# 4e-4 relative), so the engines may differ by up to ROUNDING_FACTOR times that drift (or LOSS_RTOL,
+# sequential run again, from the same start with every weight one ulp up (`nudged`, shared with
+# benchmarks/vectorized.py, as is ROUNDING_FACTOR). Local SGD amplifies such a difference, FedSelect's
+# top-k mask choice far more than FedAvg (this digits run on the CPU: its one-ulp twin moves a client's
+# loss by up to 5.2e-4, FedAvg's by 2e-7; on an H200, TF32 off, the vectorized engine moved FedSelect's
+# by 1.3e-3 of 1.31), so the engines may differ by up to ROUNDING_FACTOR times that drift (or LOSS_RTOL,
 # whichever is larger); a batching error (a wrong batch, a BatchNorm statistic left out) moves the
 # numbers by far more.
-ROUNDING_FACTOR = 10
-
-
-def nudged(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every floating-point parameter moved one ulp up: one rounding of the start."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.is_floating_point():
-                p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
-    return model
 
 
 @pytest.mark.parametrize("name", sorted(n for n, a in ALGORITHMS.items() if a.vectorizable))

@@ -104,7 +104,8 @@ def differentiated_twice():
     The Triton op's differentiable backward runs a nested autograd pass per BN layer. On an H200,
     FedL2P's IFT hypergradient of the CIFAR ResNet-18 (whose d_theta L_T graph holds those passes
     beside `pflkit.meta.conv_hvp`'s) did not finish within 50 s, where it takes 0.16 s with the
-    reference op; a LeNet's, the digits CNN's and a chain of 24 Triton BN layers alone did finish.
+    reference op; LeNet's (the benchmark's and the digits smoke runs') and a chain of 24 Triton BN layers alone
+    did finish.
     The cause was not isolated. `pflkit.meta.hypergrad` builds IFT's L_T and the exact MAML Hessian
     in this block. The other ops are not affected (`neumann_update` refuses autograd; `layerwise_sgd_step`'s
     backward launches kernels, no nested pass)."""
