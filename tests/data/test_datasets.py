@@ -118,6 +118,39 @@ def test_cifar100_pickles(tmp_path):
     assert ds.meta.class_names[3] == "f3" and ds.meta.superclass_names[4] == "c4"
 
 
+class _MakeDir:
+    """A pickled object whose loading would call os.mkdir(path)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+@pytest.mark.parametrize("tamper", ["payload", "garbage", "not a dict"])
+def test_cifar_pickles_that_name_other_code_or_are_broken_are_refused(tmp_path, tamper):
+    folder = tmp_path / "cifar-10-batches-py"
+    for i in range(1, 6):
+        write_pickle(folder / f"data_batch_{i}", {b"labels": [1, 2], b"data": cifar_rows(images(2, 32, 32, 3))})
+    write_pickle(folder / "test_batch", {b"labels": [3], b"data": cifar_rows(images(1, 32, 32, 3))})
+    write_pickle(folder / "batches.meta", {b"label_names": [b"a"] * 10})
+    victim, marker = folder / "data_batch_3", tmp_path / "ran"
+    if tamper == "payload":
+        write_pickle(victim, {b"labels": _MakeDir(marker), b"data": cifar_rows(images(2, 32, 32, 3))})
+    elif tamper == "garbage":
+        victim.write_bytes(b"this is not a pickle")
+    else:
+        write_pickle(victim, [1, 2])
+    with pytest.raises(ValueError) as err:
+        load_dataset("cifar10", tmp_path)
+    message = str(err.value)
+    assert str(victim) in message and "\n" not in message
+    assert {"payload": f"refusing to load {os.mkdir.__module__}.mkdir", "garbage": "not a CIFAR python pickle",
+            "not a dict": "holds a dict, found list"}[tamper] in message
+    assert not marker.exists()
+
+
 # ---------------------------------------------------------------- MNIST idx, USPS bz2, MNIST-M png
 
 

@@ -4,15 +4,22 @@ Published layout (what the python archives extract to; ``download=True`` fetches
 them into the cache with their published md5, `pflkit.data.download`):
 ``cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}`` and
 ``cifar-100-python/{train, test, meta}``. The pickles hold only lists, bytes and
-numpy arrays; they are read as torchvision reads them.
+numpy arrays; they are read with an unpickler that resolves no other name (`ArraysOnly`),
+so a tampered file is refused instead of running code.
 """
 from __future__ import annotations
 
+import codecs
 import pickle
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+try:  # numpy >= 2 (numpy.core is a deprecated alias there)
+    from numpy._core.multiarray import _reconstruct, scalar
+except ImportError:  # numpy 1.x
+    from numpy.core.multiarray import _reconstruct, scalar
 
 from ..base import Dataset, data_roots
 from ..download import fetcher
@@ -37,10 +44,46 @@ HOW_CIFAR100 = (
 )
 
 
+# Every name a CIFAR pickle may refer to: numpy's array and scalar reconstruction (under the module
+# names of numpy 1 and 2) and the latin-1 encoder that protocol 2 uses for bytes written by Python 3.
+_ARRAY_GLOBALS = {
+    **{(m, "_reconstruct"): _reconstruct for m in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    **{(m, "scalar"): scalar for m in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): codecs.encode,
+}
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    """A pickle named a global that `ArraysOnly` does not resolve (the message is its dotted name)."""
+
+
+class ArraysOnly(pickle.Unpickler):
+    """An unpickler for data files: builtin containers, bytes, numbers and numpy arrays, nothing else.
+
+    Any other global (a class, ``os.system``, ...) raises `RefusedGlobal` before it is looked up,
+    so loading the file cannot run code.
+    """
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _ARRAY_GLOBALS:
+            raise RefusedGlobal(f"{module}.{name}")
+        return _ARRAY_GLOBALS[(module, name)]
+
+
 def _unpickle(path: Path) -> dict:
     """One CIFAR pickle with its keys as str (the files are Python 2 pickles with bytes keys)."""
     with open(path, "rb") as f:
-        d = pickle.load(f, encoding="bytes")
+        try:
+            d = ArraysOnly(f, encoding="bytes").load()
+        except RefusedGlobal as e:
+            raise ValueError(f"{path}: refusing to load {e}: a CIFAR file holds only lists, bytes and numpy arrays"
+                             ) from None
+        except (pickle.UnpicklingError, EOFError) as e:
+            raise ValueError(f"{path}: not a CIFAR python pickle ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a CIFAR file holds a dict, found {type(d).__name__}")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
 
 
