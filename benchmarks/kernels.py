@@ -23,7 +23,8 @@ bandwidth, and the targets of issue 4, judged on device time:
 twice and writes y, its backward reads x and dy twice and writes dx (8 |x| in all); the
 Neumann step reads v, Hv, p and writes v', p' (5 |params|); the SGD step reads theta, g
 and writes theta' (3 |params|). torch's own BatchNorm2d (cuDNN, no mixing) and
-``torch._foreach`` ops are timed beside them for scale. Without a GPU the references are
+``torch._foreach`` ops are timed beside them for scale, and where mixed BN takes its fused
+one-launch kernels (small channels-first inputs) its split kernels are timed too. Without a GPU the references are
 timed on the CPU (wall clock, median) and the GPU figures are reported as not measured.
 """
 from __future__ import annotations
@@ -141,6 +142,32 @@ def bench_mixed_bn(device, measure, shape, dtype, channels_last, backend) -> dic
     return timed(measure, cudnn_step if backend == "torch" else step, 8 * x.numel() * x.element_size())
 
 
+def uses_fused_kernels(shape, channels_last: bool) -> bool:
+    """Whether mixed BN takes its one-launch path for this input (see mixed_bn_triton._Tiling)."""
+    from pflkit.kernels import mixed_bn_triton
+
+    x = torch.empty(shape, device="meta")
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    strides = mixed_bn_triton._ncs_strides(x)
+    spatial = 1
+    for size in shape[2:]:
+        spatial *= size
+    return mixed_bn_triton._Tiling(shape[0], shape[1], spatial, strides, torch.device("meta")).fused
+
+
+def bench_split_path(device, measure, shape, dtype, channels_last) -> dict:
+    """The Triton mixed BN forced onto its split (three launches each way) kernels."""
+    from pflkit.kernels import mixed_bn_triton
+
+    saved = mixed_bn_triton.FUSED_MAX_M
+    mixed_bn_triton.FUSED_MAX_M = 0
+    try:
+        return bench_mixed_bn(device, measure, shape, dtype, channels_last, "triton")
+    finally:
+        mixed_bn_triton.FUSED_MAX_M = saved
+
+
 def bench_list_op(device, measure, shapes, op: str, backend: str) -> dict:
     g = torch.Generator().manual_seed(0)
     tensors = [[torch.randn(s, generator=g).to(device) for s in shapes] for _ in range(3)]
@@ -195,6 +222,9 @@ def run_gpu(device, repeats) -> dict:
         if dtype == torch.float32:
             rows.append(("  (torch BatchNorm2d, cuDNN, no mixing)",
                          bench_mixed_bn(device, measure, shape, dtype, cl, "torch"), None, ""))
+        if uses_fused_kernels(shape, cl):
+            rows.append(("  (the same, split kernels: 3 launches each way)",
+                         bench_split_path(device, measure, shape, dtype, cl), eager, ""))
     shapes = resnet18_shapes()
     for op, target in (("neumann_update", TARGETS["neumann_speedup"]), ("layerwise_sgd_step", None)):
         tri = bench_list_op(device, measure, shapes, op, "triton")

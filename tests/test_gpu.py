@@ -57,11 +57,14 @@ def test_dispatcher_picks_triton_for_cuda_tensors(triton_cuda):
     assert kernels.is_available()
 
 
+@pytest.mark.parametrize("path", mbn.PATHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("mode_name", list(mbn.MODES))
 @pytest.mark.parametrize("shape_name", list(mbn.SHAPES))
-def test_mixed_bn_forward_and_gradients(shape_name, mode_name, dtype, tol, triton_cuda):
-    """y, dx, dgamma, ddelta, dbeta and the client running statistics, every shape x mode x dtype."""
+def test_mixed_bn_forward_and_gradients(shape_name, mode_name, dtype, path, tol, triton_cuda, monkeypatch):
+    """y, dx, dgamma, ddelta, dbeta and the client running statistics, every shape x mode x dtype,
+    through the fused and the split kernels."""
+    mbn.force_path(monkeypatch, path)
     mbn._compare(mbn.SHAPES[shape_name], mbn.MODES[mode_name], dtype, "contiguous", tol)
 
 

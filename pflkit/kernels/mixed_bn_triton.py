@@ -29,6 +29,10 @@ Kernels (3 launches forward, 3 backward, each a single read of what it needs):
   3. `_affine_kernel`  y = (x - mu) * (gamma r) + delta.
   Backward: `_grad_sums_kernel` (S1, S2 partials), `_grad_finalize_kernel` (gradients of
   gamma, delta, beta and the three dx coefficients), `_affine_kernel` again for dx.
+  Small channels-first inputs (at most FUSED_MAX_M positions per channel) take one launch each
+  way instead: `_fused_forward_kernel` and `_fused_backward_kernel` give each program a block of
+  channels and every position of them (the reduction, then a second pass for y or dx). At those
+  sizes six launches cost the host more time than the GPU spends on the data.
 
 Layouts: x is viewed as (N, C, S) with S the flattened spatial size and strides read from
 the tensor, so channels-first and channels-last inputs run without a copy. Tiles are
@@ -59,6 +63,8 @@ TILE = 2048            # elements per (channel block x position block) tile: 8 p
 SPATIAL_MIN = 256      # channels-first inputs with S >= this tile along the spatial axis
 FIN_BLOCK_C = 128      # channels per program of the finalize kernels
 FIN_BLOCK_S = 16       # splits merged per step by the finalize kernels
+FUSED_MAX_M = 8192     # channels-first inputs with at most this many positions per channel: one launch each way
+FUSED_BLOCK_M = 1024   # positions per tile of the fused kernels
 GENERAL, UNIT_S, UNIT_C = 0, 1, 2   # layout codes: arbitrary strides, sS == 1, sC == 1
 
 
@@ -101,6 +107,23 @@ def _offsets(c, n, s, sN, sC, sS, LAYOUT: tl.constexpr):
 
 
 @lazy_jit
+def _merge_tile(x_ptr, c, cmask, t, S, M, s_blocks, sN, sC, sS, mean, m2, count,
+                SPATIAL: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Chan's parallel merge of tile ``t``'s per-channel (count, mean, M2) into the running ones."""
+    n, s, valid, k = _tile(t, S, M, s_blocks, SPATIAL, BLOCK_M)
+    mask = cmask[:, None] & valid[None, :]
+    x = tl.load(x_ptr + _offsets(c, n, s, sN, sC, sS, LAYOUT), mask=mask, other=0.0).to(tl.float32)
+    kf = k.to(tl.float32)
+    t_mean = tl.sum(x, axis=1) / kf
+    d = tl.where(mask, x - t_mean[:, None], 0.0)
+    t_m2 = tl.sum(d * d, axis=1)
+    total = count + kf
+    w = kf / total
+    delta = t_mean - mean
+    return mean + delta * w, m2 + t_m2 + delta * delta * count * w, total
+
+
+@lazy_jit
 def _stats_kernel(x_ptr, mean_ptr, m2_ptr, cnt_ptr, C, M, S, s_blocks, sN, sC, sS, n_tiles, tiles_per_prog,
                   SPATIAL: tl.constexpr, LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
     """Per split and channel: count, mean and M2 of x over this split's tiles (Chan merge)."""
@@ -113,23 +136,52 @@ def _stats_kernel(x_ptr, mean_ptr, m2_ptr, cnt_ptr, C, M, S, s_blocks, sN, sC, s
     first = pid * tiles_per_prog
     last = tl.minimum(first + tiles_per_prog, n_tiles)
     for t in range(first, last):
-        n, s, valid, k = _tile(t, S, M, s_blocks, SPATIAL, BLOCK_M)
-        mask = cmask[:, None] & valid[None, :]
-        x = tl.load(x_ptr + _offsets(c, n, s, sN, sC, sS, LAYOUT), mask=mask, other=0.0).to(tl.float32)
-        kf = k.to(tl.float32)
-        t_mean = tl.sum(x, axis=1) / kf
-        d = tl.where(mask, x - t_mean[:, None], 0.0)
-        t_m2 = tl.sum(d * d, axis=1)
-        total = count + kf
-        w = kf / total
-        delta = t_mean - mean
-        mean += delta * w
-        m2 += t_m2 + delta * delta * count * w
-        count = total
+        mean, m2, count = _merge_tile(x_ptr, c, cmask, t, S, M, s_blocks, sN, sC, sS, mean, m2, count,
+                                      SPATIAL, LAYOUT, BLOCK_M)
     out = pid * C + c
     tl.store(mean_ptr + out, mean, mask=cmask)
     tl.store(m2_ptr + out, m2, mask=cmask)
     tl.store(cnt_ptr + out, count, mask=cmask)
+
+
+@lazy_jit
+def _mix(c, cmask, cur_m, cur_v, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr, beta_stride,
+         beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, dmean_ptr, dvar_ptr, eps, momentum, unbias,
+         MIX: tl.constexpr, UPDATE: tl.constexpr, BETA_T: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+         BLOCK_C: tl.constexpr):
+    """Eq. 2 on the current statistics (cur_m, cur_v): stores mu, rstd and the mixing differences,
+    updates the running statistics when UPDATE; returns (mu, scale = gamma rstd, shift = delta)."""
+    if MIX:
+        if BETA_T:
+            beta = tl.load(beta_ptr + c * beta_stride, mask=cmask, other=0.0).to(tl.float32)
+        else:
+            beta = beta_val
+        p_m = tl.load(pt_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+        p_v = tl.load(pt_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
+        mu = (1.0 - beta) * p_m + beta * cur_m
+        var_mix = (1.0 - beta) * p_v + beta * cur_v
+        tl.store(dmean_ptr + c, cur_m - p_m, mask=cmask)
+        tl.store(dvar_ptr + c, cur_v - p_v, mask=cmask)
+    else:
+        mu = cur_m
+        var_mix = cur_v
+    rstd = 1.0 / tl.sqrt(var_mix + eps)
+    scale = rstd
+    if HAS_W:
+        scale = scale * tl.load(w_ptr + c, mask=cmask, other=1.0).to(tl.float32)
+    shift = tl.zeros([BLOCK_C], dtype=tl.float32)
+    if HAS_B:
+        shift = tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(mu_ptr + c, mu, mask=cmask)
+    tl.store(rstd_ptr + c, rstd, mask=cmask)
+    if UPDATE:
+        rm = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+        rv = tl.load(run_var_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+        rm = rm * (1.0 - momentum) + momentum * cur_m
+        rv = rv * (1.0 - momentum) + momentum * (cur_v * unbias)
+        tl.store(run_mean_ptr + c, rm.to(run_mean_ptr.dtype.element_ty), mask=cmask)
+        tl.store(run_var_ptr + c, rv.to(run_var_ptr.dtype.element_ty), mask=cmask)
+    return mu, scale, shift
 
 
 @lazy_jit
@@ -168,38 +220,11 @@ def _finalize_kernel(mean_ptr, m2_ptr, cnt_ptr, n_split, C, pt_mean_ptr, pt_var_
     else:
         cur_m = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
         cur_v = tl.load(run_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
-    if MIX:
-        if BETA_T:
-            beta = tl.load(beta_ptr + c * beta_stride, mask=cmask, other=0.0).to(tl.float32)
-        else:
-            beta = beta_val
-        p_m = tl.load(pt_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-        p_v = tl.load(pt_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
-        mu = (1.0 - beta) * p_m + beta * cur_m
-        var_mix = (1.0 - beta) * p_v + beta * cur_v
-        tl.store(dmean_ptr + c, cur_m - p_m, mask=cmask)
-        tl.store(dvar_ptr + c, cur_v - p_v, mask=cmask)
-    else:
-        mu = cur_m
-        var_mix = cur_v
-    rstd = 1.0 / tl.sqrt(var_mix + eps)
-    scale = rstd
-    if HAS_W:
-        scale = scale * tl.load(w_ptr + c, mask=cmask, other=1.0).to(tl.float32)
-    shift = tl.zeros([BLOCK_C], dtype=tl.float32)
-    if HAS_B:
-        shift = tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-    tl.store(mu_ptr + c, mu, mask=cmask)
-    tl.store(rstd_ptr + c, rstd, mask=cmask)
+    mu, scale, shift = _mix(c, cmask, cur_m, cur_v, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr,
+                            beta_stride, beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, dmean_ptr, dvar_ptr, eps,
+                            momentum, unbias, MIX, UPDATE, BETA_T, HAS_W, HAS_B, BLOCK_C)
     tl.store(scale_ptr + c, scale, mask=cmask)
     tl.store(shift_ptr + c, shift, mask=cmask)
-    if UPDATE:
-        rm = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-        rv = tl.load(run_var_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-        rm = rm * (1.0 - momentum) + momentum * cur_m
-        rv = rv * (1.0 - momentum) + momentum * (cur_v * unbias)
-        tl.store(run_mean_ptr + c, rm.to(run_mean_ptr.dtype.element_ty), mask=cmask)
-        tl.store(run_var_ptr + c, rv.to(run_var_ptr.dtype.element_ty), mask=cmask)
 
 
 @lazy_jit
@@ -226,6 +251,18 @@ def _affine_kernel(x_ptr, u_ptr, out_ptr, center_ptr, kx_ptr, ku_ptr, k0_ptr, C,
 
 
 @lazy_jit
+def _grad_tile_terms(x_ptr, dy_ptr, c, cmask, mu, rstd, t, S, M, s_blocks, sxN, sxC, sxS, sdN, sdC, sdS,
+                     SPATIAL: tl.constexpr, X_LAYOUT: tl.constexpr, D_LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Tile ``t``'s terms of S1 and S2: dy and dy * xhat (zero off the tensor), not yet summed."""
+    n, s, valid, _ = _tile(t, S, M, s_blocks, SPATIAL, BLOCK_M)
+    mask = cmask[:, None] & valid[None, :]
+    x = tl.load(x_ptr + _offsets(c, n, s, sxN, sxC, sxS, X_LAYOUT), mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + _offsets(c, n, s, sdN, sdC, sdS, D_LAYOUT), mask=mask, other=0.0).to(tl.float32)
+    xhat = (x - mu[:, None]) * rstd[:, None]
+    return dy, tl.where(mask, dy * xhat, 0.0)
+
+
+@lazy_jit
 def _grad_sums_kernel(x_ptr, dy_ptr, mu_ptr, rstd_ptr, s1_ptr, s2_ptr, C, M, S, s_blocks,
                       sxN, sxC, sxS, sdN, sdC, sdS, n_tiles, tiles_per_prog,
                       SPATIAL: tl.constexpr, X_LAYOUT: tl.constexpr, D_LAYOUT: tl.constexpr,
@@ -241,16 +278,46 @@ def _grad_sums_kernel(x_ptr, dy_ptr, mu_ptr, rstd_ptr, s1_ptr, s2_ptr, C, M, S, 
     first = pid * tiles_per_prog
     last = tl.minimum(first + tiles_per_prog, n_tiles)
     for t in range(first, last):
-        n, s, valid, _ = _tile(t, S, M, s_blocks, SPATIAL, BLOCK_M)
-        mask = cmask[:, None] & valid[None, :]
-        x = tl.load(x_ptr + _offsets(c, n, s, sxN, sxC, sxS, X_LAYOUT), mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + _offsets(c, n, s, sdN, sdC, sdS, D_LAYOUT), mask=mask, other=0.0).to(tl.float32)
-        xhat = (x - mu[:, None]) * rstd[:, None]
-        s1 += tl.sum(dy, axis=1)
-        s2 += tl.sum(tl.where(mask, dy * xhat, 0.0), axis=1)
+        t1, t2 = _grad_tile_terms(x_ptr, dy_ptr, c, cmask, mu, rstd, t, S, M, s_blocks, sxN, sxC, sxS, sdN, sdC,
+                                  sdS, SPATIAL, X_LAYOUT, D_LAYOUT, BLOCK_M)
+        s1 += tl.sum(t1, axis=1)
+        s2 += tl.sum(t2, axis=1)
     out = pid * C + c
     tl.store(s1_ptr + out, s1, mask=cmask)
     tl.store(s2_ptr + out, s2, mask=cmask)
+
+
+@lazy_jit
+def _grad_coefficients(c, cmask, s1, s2, M, w_ptr, rstd_ptr, beta_ptr, beta_stride, beta_val, dmean_ptr, dvar_ptr,
+                       dw_ptr, db_ptr, dbeta_ptr, MIX: tl.constexpr, BATCH: tl.constexpr, BETA_T: tl.constexpr,
+                       HAS_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """From S1, S2: stores the gradients of gamma, delta and beta; returns dx's coefficients
+    (kdy, kx, k0) in dx = kdy dy + kx (x - m_b) + k0 (M is the per-channel count, a float)."""
+    rstd = tl.load(rstd_ptr + c, mask=cmask, other=0.0)
+    gamma = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
+    if HAS_W:
+        gamma = tl.load(w_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(dw_ptr + c, s2, mask=cmask)
+    tl.store(db_ptr + c, s1, mask=cmask)
+    g_mu = -gamma * rstd * s1
+    g_var = -0.5 * gamma * rstd * rstd * s2
+    bcoef = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
+    if MIX:
+        if BETA_T:
+            bcoef = tl.load(beta_ptr + c * beta_stride, mask=cmask, other=0.0).to(tl.float32)
+        else:
+            bcoef = bcoef * beta_val
+        dmean = tl.load(dmean_ptr + c, mask=cmask, other=0.0)
+        dvar = tl.load(dvar_ptr + c, mask=cmask, other=0.0)
+        tl.store(dbeta_ptr + c, g_mu * dmean + g_var * dvar, mask=cmask)
+    if BATCH:
+        # dx = gamma r dy + (b / M) dL/dmu + (2 b / M) dL/ds2 (x - m_b)
+        kx = 2.0 * bcoef * g_var / M
+        k0 = bcoef * g_mu / M
+    else:
+        kx = tl.zeros([BLOCK_C], dtype=tl.float32)
+        k0 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    return gamma * rstd, kx, k0
 
 
 @lazy_jit
@@ -269,33 +336,86 @@ def _grad_finalize_kernel(s1_ptr, s2_ptr, n_split, C, M, w_ptr, rstd_ptr, beta_p
         off = sp[:, None] * C + c[None, :]
         acc1 += tl.load(s1_ptr + off, mask=mask, other=0.0)
         acc2 += tl.load(s2_ptr + off, mask=mask, other=0.0)
-    s1 = tl.sum(acc1, axis=0)
-    s2 = tl.sum(acc2, axis=0)
-    rstd = tl.load(rstd_ptr + c, mask=cmask, other=0.0)
-    gamma = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
-    if HAS_W:
-        gamma = tl.load(w_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-    tl.store(dw_ptr + c, s2, mask=cmask)
-    tl.store(db_ptr + c, s1, mask=cmask)
-    g_mu = -gamma * rstd * s1
-    g_var = -0.5 * gamma * rstd * rstd * s2
-    bcoef = tl.full([BLOCK_C], 1.0, dtype=tl.float32)
-    if MIX:
-        if BETA_T:
-            bcoef = tl.load(beta_ptr + c * beta_stride, mask=cmask, other=0.0).to(tl.float32)
-        else:
-            bcoef = bcoef * beta_val
-        dmean = tl.load(dmean_ptr + c, mask=cmask, other=0.0)
-        dvar = tl.load(dvar_ptr + c, mask=cmask, other=0.0)
-        tl.store(dbeta_ptr + c, g_mu * dmean + g_var * dvar, mask=cmask)
-    tl.store(kdy_ptr + c, gamma * rstd, mask=cmask)
+    kdy, kx, k0 = _grad_coefficients(c, cmask, tl.sum(acc1, axis=0), tl.sum(acc2, axis=0), M, w_ptr, rstd_ptr,
+                                     beta_ptr, beta_stride, beta_val, dmean_ptr, dvar_ptr, dw_ptr, db_ptr, dbeta_ptr,
+                                     MIX, BATCH, BETA_T, HAS_W, BLOCK_C)
+    tl.store(kdy_ptr + c, kdy, mask=cmask)
+    tl.store(kx_ptr + c, kx, mask=cmask)
+    tl.store(k0_ptr + c, k0, mask=cmask)
+
+
+@lazy_jit
+def _fused_forward_kernel(x_ptr, y_ptr, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr, beta_stride,
+                          beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, bmean_ptr, dmean_ptr, dvar_ptr, C, M, S,
+                          sxN, sxC, sxS, syN, syC, syS, n_tiles, eps, momentum, unbias,
+                          BATCH: tl.constexpr, MIX: tl.constexpr, UPDATE: tl.constexpr, BETA_T: tl.constexpr,
+                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, X_LAYOUT: tl.constexpr, Y_LAYOUT: tl.constexpr,
+                          BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The whole forward in one launch for small per-channel counts: one program owns a block of
+    channels, reduces their statistics over every tile, mixes them (Eq. 2) and writes y (Eq. 1)."""
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
     if BATCH:
-        # dx = gamma r dy + (b / M) dL/dmu + (2 b / M) dL/ds2 (x - m_b)
-        tl.store(kx_ptr + c, 2.0 * bcoef * g_var / M, mask=cmask)
-        tl.store(k0_ptr + c, bcoef * g_mu / M, mask=cmask)
+        mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+        m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        count = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for t in range(0, n_tiles):
+            mean, m2, count = _merge_tile(x_ptr, c, cmask, t, S, M, 1, sxN, sxC, sxS, mean, m2, count,
+                                          False, X_LAYOUT, BLOCK_M)
+        tl.store(bmean_ptr + c, mean, mask=cmask)
+        cur_m = mean
+        cur_v = m2 / tl.maximum(count, 1.0)
     else:
-        tl.store(kx_ptr + c, tl.zeros([BLOCK_C], dtype=tl.float32), mask=cmask)
-        tl.store(k0_ptr + c, tl.zeros([BLOCK_C], dtype=tl.float32), mask=cmask)
+        cur_m = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+        cur_v = tl.load(run_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
+    mu, scale, shift = _mix(c, cmask, cur_m, cur_v, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr,
+                            beta_stride, beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, dmean_ptr, dvar_ptr, eps,
+                            momentum, unbias, MIX, UPDATE, BETA_T, HAS_W, HAS_B, BLOCK_C)
+    for t in range(0, n_tiles):
+        n, s, valid, _ = _tile(t, S, M, 1, False, BLOCK_M)
+        mask = cmask[:, None] & valid[None, :]
+        x = tl.load(x_ptr + _offsets(c, n, s, sxN, sxC, sxS, X_LAYOUT), mask=mask, other=0.0).to(tl.float32)
+        y = (x - mu[:, None]) * scale[:, None] + shift[:, None]
+        tl.store(y_ptr + _offsets(c, n, s, syN, syC, syS, Y_LAYOUT), y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@lazy_jit
+def _fused_backward_kernel(x_ptr, dy_ptr, dx_ptr, mu_ptr, rstd_ptr, bmean_ptr, w_ptr, beta_ptr, beta_stride,
+                           beta_val, dmean_ptr, dvar_ptr, dw_ptr, db_ptr, dbeta_ptr, C, M, Mf, S,
+                           sxN, sxC, sxS, sdN, sdC, sdS, soN, soC, soS, n_tiles,
+                           MIX: tl.constexpr, BATCH: tl.constexpr, BETA_T: tl.constexpr, HAS_W: tl.constexpr,
+                           NEED_X: tl.constexpr, X_LAYOUT: tl.constexpr, D_LAYOUT: tl.constexpr,
+                           O_LAYOUT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The whole backward in one launch for small per-channel counts (twin of the fused forward):
+    S1 and S2 over every tile, the parameter gradients, then dx on a second pass."""
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    mu = tl.load(mu_ptr + c, mask=cmask, other=0.0)
+    rstd = tl.load(rstd_ptr + c, mask=cmask, other=0.0)
+    # Element-wise accumulators, reduced once after the loop (a reduction per tile inside this
+    # loop trips Triton 3.6's thread-locality pass when the dx loop follows).
+    a1 = tl.zeros([BLOCK_C, BLOCK_M], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_C, BLOCK_M], dtype=tl.float32)
+    for t in range(0, n_tiles):
+        t1, t2 = _grad_tile_terms(x_ptr, dy_ptr, c, cmask, mu, rstd, t, S, M, 1, sxN, sxC, sxS, sdN, sdC, sdS,
+                                  False, X_LAYOUT, D_LAYOUT, BLOCK_M)
+        a1 += t1
+        a2 += t2
+    kdy, kx, k0 = _grad_coefficients(c, cmask, tl.sum(a1, axis=1), tl.sum(a2, axis=1), Mf, w_ptr, rstd_ptr,
+                                     beta_ptr, beta_stride, beta_val, dmean_ptr, dvar_ptr, dw_ptr, db_ptr, dbeta_ptr,
+                                     MIX, BATCH, BETA_T, HAS_W, BLOCK_C)
+    if NEED_X:
+        ctr = tl.load(bmean_ptr + c, mask=cmask, other=0.0)
+        for t in range(0, n_tiles):
+            n, s, valid, _ = _tile(t, S, M, 1, False, BLOCK_M)
+            mask = cmask[:, None] & valid[None, :]
+            dy = tl.load(dy_ptr + _offsets(c, n, s, sdN, sdC, sdS, D_LAYOUT), mask=mask, other=0.0)
+            dx = kdy[:, None] * dy.to(tl.float32) + k0[:, None]
+            if BATCH:
+                x = tl.load(x_ptr + _offsets(c, n, s, sxN, sxC, sxS, X_LAYOUT), mask=mask, other=0.0)
+                dx += kx[:, None] * (x.to(tl.float32) - ctr[:, None])
+            tl.store(dx_ptr + _offsets(c, n, s, soN, soC, soS, O_LAYOUT), dx.to(dx_ptr.dtype.element_ty),
+                     mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,8 +458,18 @@ class _Tiling:
     def __init__(self, N: int, C: int, S: int, strides: tuple[int, int, int], device: torch.device):
         _, s_c, s_s = strides
         self.C, self.M, self.S = C, N * S, S
-        self.spatial = s_s == 1 and S >= SPATIAL_MIN and C > 1 and s_c != 1
-        if self.spatial:
+        # Small per-channel counts (ResNet-18's late stages, small batches): one program per block of
+        # channels does a whole pass, so the forward and the backward are one launch each and the
+        # host's launch overhead, not the GPU, stops being most of the time. Channels-last inputs
+        # keep the split path (their channel blocks must be wide to read contiguous rows).
+        self.fused = self.M <= FUSED_MAX_M and (s_c != 1 or C == 1)
+        self.spatial = s_s == 1 and S >= SPATIAL_MIN and C > 1 and s_c != 1 and not self.fused
+        if self.fused:
+            self.block_m = min(next_pow2(self.M), FUSED_BLOCK_M)
+            self.block_c = max(1, min(next_pow2(C), TILE // self.block_m))
+            self.s_blocks = 1
+            self.n_tiles = cdiv(self.M, self.block_m)
+        elif self.spatial:
             # Channels-first, large maps: tiles run along contiguous positions of one image;
             # pick the block (256..1024) that pads the spatial size least.
             self.block_m = min((256, 512, 1024), key=lambda b: (cdiv(S, b) * b, -b))
@@ -378,6 +508,25 @@ def _forward(x, stats, beta, weight, bias, training, momentum, eps, mode):
     tiling = _Tiling(N, C, S, strides, x.device)
     vec = torch.empty(7, C, dtype=torch.float32, device=x.device)
     mu, rstd, bmean, dmean, dvar, scale, shift = vec.unbind(0)
+    run_m, run_v = client_mean, client_var
+    if run_m is not None and not (run_m.is_contiguous() and run_v.is_contiguous()):
+        run_m, run_v = run_m.contiguous(), run_v.contiguous()
+    beta_t, beta_stride, beta_val = _beta_args(beta)
+    n = tiling.M
+    y = torch.empty_like(x)
+    y, y_strides = (y, _ncs_strides(y)) if _ncs_strides(y) is not None else _as_ncs(y.contiguous())
+    flags = dict(BATCH=batch, MIX=mix, UPDATE=update, BETA_T=beta_t is not None, HAS_W=weight is not None,
+                 HAS_B=bias is not None)
+    if tiling.fused:
+        _fused_forward_kernel[(tiling.c_blocks,)](
+            x, y, pt_mean, pt_var, run_m, run_v, beta_t, beta_stride, beta_val, weight, bias, mu, rstd, bmean,
+            dmean, dvar, C, tiling.M, S, *strides, *y_strides, tiling.n_tiles, float(eps), float(momentum),
+            n / max(n - 1, 1), **flags, X_LAYOUT=_layout(strides, C, S), Y_LAYOUT=_layout(y_strides, C, S),
+            BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
+        if update and run_m is not client_mean:
+            client_mean.copy_(run_m)
+            client_var.copy_(run_v)
+        return y, (mu, rstd, bmean, dmean, dvar)
     part = None
     if batch:
         part = torch.empty(3, tiling.n_split, C, dtype=torch.float32, device=x.device)
@@ -385,22 +534,14 @@ def _forward(x, stats, beta, weight, bias, training, momentum, eps, mode):
             x, part[0], part[1], part[2], C, tiling.M, S, tiling.s_blocks, *strides, tiling.n_tiles,
             tiling.tiles_per_prog, SPATIAL=tiling.spatial, LAYOUT=_layout(strides, C, S), BLOCK_C=tiling.block_c,
             BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
-    run_m, run_v = client_mean, client_var
-    if run_m is not None and not (run_m.is_contiguous() and run_v.is_contiguous()):
-        run_m, run_v = run_m.contiguous(), run_v.contiguous()
-    beta_t, beta_stride, beta_val = _beta_args(beta)
-    n = tiling.M
     _finalize_kernel[(cdiv(C, FIN_BLOCK_C),)](
         part[0] if batch else None, part[1] if batch else None, part[2] if batch else None,
         tiling.n_split, C, pt_mean, pt_var, run_m, run_v, beta_t, beta_stride, beta_val, weight, bias,
         mu, rstd, bmean, dmean, dvar, scale, shift, float(eps), float(momentum), n / max(n - 1, 1),
-        BATCH=batch, MIX=mix, UPDATE=update, BETA_T=beta_t is not None, HAS_W=weight is not None,
-        HAS_B=bias is not None, BLOCK_C=FIN_BLOCK_C, BLOCK_S=FIN_BLOCK_S, num_warps=4)
+        **flags, BLOCK_C=FIN_BLOCK_C, BLOCK_S=FIN_BLOCK_S, num_warps=4)
     if update and run_m is not client_mean:
         client_mean.copy_(run_m)
         client_var.copy_(run_v)
-    y = torch.empty_like(x)
-    y, y_strides = (y, _ncs_strides(y)) if _ncs_strides(y) is not None else _as_ncs(y.contiguous())
     _affine_kernel[(tiling.n_tiles, tiling.c_blocks)](
         x, None, y, mu, scale, None, shift, C, tiling.M, S, tiling.s_blocks, *strides, 0, 0, 0, *y_strides,
         HAS_X=True, HAS_U=False, SPATIAL=tiling.spatial, X_LAYOUT=_layout(strides, C, S), U_LAYOUT=GENERAL,
@@ -412,35 +553,49 @@ def _forward(x, stats, beta, weight, bias, training, momentum, eps, mode):
 def _backward(ctx, dy):
     """First-order gradients of x, beta, weight, bias with the Triton kernels."""
     x, weight, beta_t, _bias, mu, rstd, bmean, dmean, dvar = ctx.saved_tensors
-    need_x, need_beta, need_w, need_b = ctx.needs_input_grad[:4]
+    need_x = ctx.needs_input_grad[0]
     C = x.shape[1]
     S = math.prod(x.shape[2:])
     x, xs = _as_ncs(x)
     dy, ds = _as_ncs(dy)
     tiling = _Tiling(x.shape[0], C, S, xs, x.device)
     f32 = dict(dtype=torch.float32, device=x.device)
+    out = torch.empty(6, C, **f32)
+    dw, db, dbeta_c, kdy, kx, k0 = out.unbind(0)
+    beta_arg = beta_t if beta_t is not None else ctx.beta_val
+    bt, beta_stride, beta_val = _beta_args(beta_arg)
+    flags = dict(MIX=ctx.mode == "mixed", BATCH=ctx.batch, BETA_T=bt is not None, HAS_W=weight is not None)
+    dx, dxs = None, (0, 0, 0)
+    if need_x:
+        dx = torch.empty_like(x)
+        dx, dxs = (dx, _ncs_strides(dx)) if _ncs_strides(dx) is not None else _as_ncs(dx.contiguous())
+    if tiling.fused:
+        _fused_backward_kernel[(tiling.c_blocks,)](
+            x, dy, dx, mu, rstd, bmean, weight, bt, beta_stride, beta_val, dmean, dvar, dw, db, dbeta_c, C,
+            tiling.M, float(tiling.M), S, *xs, *ds, *dxs, tiling.n_tiles, **flags, NEED_X=bool(need_x),
+            X_LAYOUT=_layout(xs, C, S), D_LAYOUT=_layout(ds, C, S), O_LAYOUT=_layout(dxs, C, S),
+            BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
+        return _parameter_grads(ctx, dx, dbeta_c, dw, db, beta_t, weight)
     part = torch.empty(2, tiling.n_split, C, **f32)
     _grad_sums_kernel[(tiling.n_split, tiling.c_blocks)](
         x, dy, mu, rstd, part[0], part[1], C, tiling.M, S, tiling.s_blocks, *xs, *ds, tiling.n_tiles,
         tiling.tiles_per_prog, SPATIAL=tiling.spatial, X_LAYOUT=_layout(xs, C, S), D_LAYOUT=_layout(ds, C, S),
         BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
-    out = torch.empty(6, C, **f32)
-    dw, db, dbeta_c, kdy, kx, k0 = out.unbind(0)
-    beta_arg = beta_t if beta_t is not None else ctx.beta_val
-    bt, beta_stride, beta_val = _beta_args(beta_arg)
     _grad_finalize_kernel[(cdiv(C, FIN_BLOCK_C),)](
         part[0], part[1], tiling.n_split, C, float(tiling.M), weight, rstd, bt, beta_stride, beta_val,
-        dmean, dvar, dw, db, dbeta_c, kdy, kx, k0, MIX=ctx.mode == "mixed", BATCH=ctx.batch,
-        BETA_T=bt is not None, HAS_W=weight is not None, BLOCK_C=FIN_BLOCK_C, BLOCK_S=FIN_BLOCK_S, num_warps=4)
-    dx = None
+        dmean, dvar, dw, db, dbeta_c, kdy, kx, k0, **flags, BLOCK_C=FIN_BLOCK_C, BLOCK_S=FIN_BLOCK_S, num_warps=4)
     if need_x:
-        dx = torch.empty_like(x)
-        dx, dxs = (dx, _ncs_strides(dx)) if _ncs_strides(dx) is not None else _as_ncs(dx.contiguous())
         _affine_kernel[(tiling.n_tiles, tiling.c_blocks)](
             x, dy, dx, bmean, kx, kdy, k0, C, tiling.M, S, tiling.s_blocks, *xs, *ds, *dxs,
             HAS_X=ctx.batch, HAS_U=True, SPATIAL=tiling.spatial, X_LAYOUT=_layout(xs, C, S),
             U_LAYOUT=_layout(ds, C, S), O_LAYOUT=_layout(dxs, C, S), BLOCK_C=tiling.block_c,
             BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
+    return _parameter_grads(ctx, dx, dbeta_c, dw, db, beta_t, weight)
+
+
+def _parameter_grads(ctx, dx, dbeta_c, dw, db, beta_t, weight):
+    """(dx, d beta, d gamma, d delta) in the inputs' shapes and dtypes, None where not needed."""
+    _, need_beta, need_w, need_b = ctx.needs_input_grad[:4]
     g_beta = None
     if need_beta:
         g_beta = (dbeta_c.sum() if beta_t.numel() == 1 else dbeta_c).reshape(beta_t.shape).to(beta_t.dtype)

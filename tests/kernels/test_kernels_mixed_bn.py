@@ -177,19 +177,50 @@ def _beta(kind, C):
     return 0.6
 
 
+PATHS = ["fused", "split"]
+
+
+def force_path(monkeypatch, path):
+    """Channels-first inputs take the fused kernels up to FUSED_MAX_M positions per channel and
+    the split ones above; every shape here is small, so the split path is forced by a zero limit."""
+    monkeypatch.setattr(mixed_bn_triton, "FUSED_MAX_M", 1 << 30 if path == "fused" else 0)
+
+
 @requires_triton
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode_name", list(MODES))
 @pytest.mark.parametrize("shape_name", list(SHAPES))
-def test_triton_matches_reference_fp32(shape_name, mode_name, tol):
+def test_triton_matches_reference_fp32(shape_name, mode_name, path, tol, monkeypatch):
+    force_path(monkeypatch, path)
     _compare(SHAPES[shape_name], MODES[mode_name], torch.float32, "contiguous", tol)
 
 
 @requires_triton
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape_name", ["odd_NHW", "C513", "spatial_tiles", "2d"])
 @pytest.mark.parametrize("mode_name", ["train_mixed_vec", "eval_mixed_scalar"])
-def test_triton_matches_reference_half(shape_name, dtype, mode_name, tol):
+def test_triton_matches_reference_half(shape_name, dtype, mode_name, path, tol, monkeypatch):
+    force_path(monkeypatch, path)
     _compare(SHAPES[shape_name], MODES[mode_name], dtype, "contiguous", tol)
+
+
+def test_tiling_picks_the_fused_path_for_small_channels_first_inputs():
+    """One launch each way for channels-first inputs with few positions per channel (ResNet-18's
+    late stages at batch 32); the split kernels for large maps and for channels-last inputs."""
+    def tiling(shape, channels_last=False):
+        x = torch.empty(shape)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        _, strides = mixed_bn_triton._as_ncs(x)
+        return mixed_bn_triton._Tiling(shape[0], shape[1], shape[2] * shape[3], strides, torch.device("cpu"))
+
+    small, large, nhwc = tiling((32, 512, 7, 7)), tiling((32, 64, 56, 56)), tiling((32, 512, 7, 7), True)
+    assert small.fused and not large.fused and not nhwc.fused
+    assert large.spatial
+    # every position of a channel block is visited once: tiles x block cover M
+    assert small.n_tiles * small.block_m >= small.M > (small.n_tiles - 1) * small.block_m
+    assert small.c_blocks * small.block_c >= 512
 
 
 @requires_triton
@@ -274,6 +305,7 @@ def test_triton_split_statistics_merge_across_finalize_blocks(monkeypatch, tol):
     steps: on a GPU hundreds of splits are normal, on this CPU the split count is forced up."""
     monkeypatch.setattr(mixed_bn_triton, "programs_target", lambda device: 64)
     monkeypatch.setattr(mixed_bn_triton, "FIN_BLOCK_S", 4)
+    force_path(monkeypatch, "split")
     x, w, b, dy = _inputs((2, 2, 40, 40))
     x = x + torch.linspace(-3.0, 3.0, 1600, device=DEVICE).reshape(40, 40)
     stats = _stats(2)
