@@ -24,13 +24,15 @@ twice and writes y, its backward reads x and dy twice and writes dx (8 |x| in al
 Neumann step reads v, Hv, p and writes v', p' (5 |params|); the SGD step reads theta, g
 and writes theta' (3 |params|). torch's own BatchNorm2d (cuDNN, no mixing) and
 ``torch._foreach`` ops are timed beside them for scale, and where mixed BN takes its fused
-one-launch kernels (small channels-first inputs) its split kernels are timed too. Without a GPU the references are
-timed on the CPU (wall clock, median) and the GPU figures are reported as not measured.
+one-launch kernels (small channels-first inputs) its split kernels are timed too. Without a
+GPU the references are timed on the CPU (wall clock, median) and the GPU figures are
+reported as not measured.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -150,10 +152,7 @@ def uses_fused_kernels(shape, channels_last: bool) -> bool:
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     strides = mixed_bn_triton._ncs_strides(x)
-    spatial = 1
-    for size in shape[2:]:
-        spatial *= size
-    return mixed_bn_triton._Tiling(shape[0], shape[1], spatial, strides, torch.device("meta")).fused
+    return mixed_bn_triton._Tiling(shape[0], shape[1], math.prod(shape[2:]), strides, torch.device("meta")).fused
 
 
 def bench_split_path(device, measure, shape, dtype, channels_last) -> dict:
