@@ -145,12 +145,20 @@ def _stats_kernel(x_ptr, mean_ptr, m2_ptr, cnt_ptr, C, M, S, s_blocks, sN, sC, s
 
 
 @lazy_jit
-def _mix(c, cmask, cur_m, cur_v, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr, beta_stride,
-         beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, dmean_ptr, dvar_ptr, eps, momentum, unbias,
-         MIX: tl.constexpr, UPDATE: tl.constexpr, BETA_T: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-         BLOCK_C: tl.constexpr):
-    """Eq. 2 on the current statistics (cur_m, cur_v): stores mu, rstd and the mixing differences,
-    updates the running statistics when UPDATE; returns (mu, scale = gamma rstd, shift = delta)."""
+def _mix(c, cmask, mean, m2, count, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr, beta_stride,
+         beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, bmean_ptr, dmean_ptr, dvar_ptr, eps, momentum, unbias,
+         BATCH: tl.constexpr, MIX: tl.constexpr, UPDATE: tl.constexpr, BETA_T: tl.constexpr, HAS_W: tl.constexpr,
+         HAS_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Eq. 2 on the current statistics: the batch's (count, mean, M2 merged over x) when BATCH, else
+    the client's running ones. Stores mu, rstd, the batch mean and the mixing differences, updates
+    the running statistics when UPDATE; returns (mu, scale = gamma rstd, shift = delta)."""
+    if BATCH:
+        tl.store(bmean_ptr + c, mean, mask=cmask)
+        cur_m = mean
+        cur_v = m2 / tl.maximum(count, 1.0)
+    else:
+        cur_m = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+        cur_v = tl.load(run_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
     if MIX:
         if BETA_T:
             beta = tl.load(beta_ptr + c * beta_stride, mask=cmask, other=0.0).to(tl.float32)
@@ -194,10 +202,10 @@ def _finalize_kernel(mean_ptr, m2_ptr, cnt_ptr, n_split, C, pt_mean_ptr, pt_var_
     """Merge split statistics, mix them (Eq. 2), update running stats, emit per-channel vectors."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
+    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    count = tl.zeros([BLOCK_C], dtype=tl.float32)
     if BATCH:
-        mean = tl.zeros([BLOCK_C], dtype=tl.float32)
-        m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-        count = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s0 in range(0, n_split, BLOCK_S):
             sp = s0 + tl.arange(0, BLOCK_S)
             mask = (sp < n_split)[:, None] & cmask[None, :]
@@ -214,15 +222,9 @@ def _finalize_kernel(mean_ptr, m2_ptr, cnt_ptr, n_split, C, pt_mean_ptr, pt_var_
             mean += delta * w
             m2 += bm2 + delta * delta * count * w
             count = total
-        tl.store(bmean_ptr + c, mean, mask=cmask)
-        cur_m = mean
-        cur_v = m2 / tl.maximum(count, 1.0)
-    else:
-        cur_m = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-        cur_v = tl.load(run_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
-    mu, scale, shift = _mix(c, cmask, cur_m, cur_v, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr,
-                            beta_stride, beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, dmean_ptr, dvar_ptr, eps,
-                            momentum, unbias, MIX, UPDATE, BETA_T, HAS_W, HAS_B, BLOCK_C)
+    mu, scale, shift = _mix(c, cmask, mean, m2, count, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr,
+                            beta_stride, beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, bmean_ptr, dmean_ptr, dvar_ptr,
+                            eps, momentum, unbias, BATCH, MIX, UPDATE, BETA_T, HAS_W, HAS_B, BLOCK_C)
     tl.store(scale_ptr + c, scale, mask=cmask)
     tl.store(shift_ptr + c, shift, mask=cmask)
 
@@ -355,22 +357,16 @@ def _fused_forward_kernel(x_ptr, y_ptr, pt_mean_ptr, pt_var_ptr, run_mean_ptr, r
     channels, reduces their statistics over every tile, mixes them (Eq. 2) and writes y (Eq. 1)."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
+    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    count = tl.zeros([BLOCK_C], dtype=tl.float32)
     if BATCH:
-        mean = tl.zeros([BLOCK_C], dtype=tl.float32)
-        m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-        count = tl.zeros([BLOCK_C], dtype=tl.float32)
         for t in range(0, n_tiles):
             mean, m2, count = _merge_tile(x_ptr, c, cmask, t, S, M, 1, sxN, sxC, sxS, mean, m2, count,
                                           False, X_LAYOUT, BLOCK_M)
-        tl.store(bmean_ptr + c, mean, mask=cmask)
-        cur_m = mean
-        cur_v = m2 / tl.maximum(count, 1.0)
-    else:
-        cur_m = tl.load(run_mean_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-        cur_v = tl.load(run_var_ptr + c, mask=cmask, other=1.0).to(tl.float32)
-    mu, scale, shift = _mix(c, cmask, cur_m, cur_v, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr,
-                            beta_stride, beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, dmean_ptr, dvar_ptr, eps,
-                            momentum, unbias, MIX, UPDATE, BETA_T, HAS_W, HAS_B, BLOCK_C)
+    mu, scale, shift = _mix(c, cmask, mean, m2, count, pt_mean_ptr, pt_var_ptr, run_mean_ptr, run_var_ptr, beta_ptr,
+                            beta_stride, beta_val, w_ptr, b_ptr, mu_ptr, rstd_ptr, bmean_ptr, dmean_ptr, dvar_ptr,
+                            eps, momentum, unbias, BATCH, MIX, UPDATE, BETA_T, HAS_W, HAS_B, BLOCK_C)
     for t in range(0, n_tiles):
         n, s, valid, _ = _tile(t, S, M, 1, False, BLOCK_M)
         mask = cmask[:, None] & valid[None, :]
