@@ -19,7 +19,7 @@ Math (per channel c; M = N * prod(spatial) elements; fp32 throughout):
                where b = beta (mixed) or 1 (batch mode) when the batch statistics are used,
                and b = 0 in evaluation (mu, s2 do not depend on x then).
 
-Kernels (3 launches forward, 3 backward, each a single read of what it needs):
+Kernels, split path (3 launches forward, 3 backward, each a single read of what it needs):
   1. `_stats_kernel`   split reduction over M: each program merges tiles of a block of
                        channels with Chan's parallel formula (count, mean, M2); no
                        sum-of-squares cancellation even for large means.
