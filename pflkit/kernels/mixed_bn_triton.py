@@ -401,7 +401,8 @@ def _fused_backward_kernel(x_ptr, dy_ptr, dx_ptr, mu_ptr, rstd_ptr, bmean_ptr, w
                                      beta_ptr, beta_stride, beta_val, dmean_ptr, dvar_ptr, dw_ptr, db_ptr, dbeta_ptr,
                                      MIX, BATCH, BETA_T, HAS_W, BLOCK_C)
     if NEED_X:
-        ctr = tl.load(bmean_ptr + c, mask=cmask, other=0.0)
+        if BATCH:  # dx's centre; the batch mean is only written when the batch statistics are used
+            ctr = tl.load(bmean_ptr + c, mask=cmask, other=0.0)
         for t in range(0, n_tiles):
             n, s, valid, _ = _tile(t, S, M, 1, False, BLOCK_M)
             mask = cmask[:, None] & valid[None, :]
@@ -519,30 +520,27 @@ def _forward(x, stats, beta, weight, bias, training, momentum, eps, mode):
             dmean, dvar, C, tiling.M, S, *strides, *y_strides, tiling.n_tiles, float(eps), float(momentum),
             n / max(n - 1, 1), **flags, X_LAYOUT=_layout(strides, C, S), Y_LAYOUT=_layout(y_strides, C, S),
             BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
-        if update and run_m is not client_mean:
-            client_mean.copy_(run_m)
-            client_var.copy_(run_v)
-        return y, (mu, rstd, bmean, dmean, dvar)
-    part = None
-    if batch:
-        part = torch.empty(3, tiling.n_split, C, dtype=torch.float32, device=x.device)
-        _stats_kernel[(tiling.n_split, tiling.c_blocks)](
-            x, part[0], part[1], part[2], C, tiling.M, S, tiling.s_blocks, *strides, tiling.n_tiles,
-            tiling.tiles_per_prog, SPATIAL=tiling.spatial, LAYOUT=_layout(strides, C, S), BLOCK_C=tiling.block_c,
-            BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
-    _finalize_kernel[(cdiv(C, FIN_BLOCK_C),)](
-        part[0] if batch else None, part[1] if batch else None, part[2] if batch else None,
-        tiling.n_split, C, pt_mean, pt_var, run_m, run_v, beta_t, beta_stride, beta_val, weight, bias,
-        mu, rstd, bmean, dmean, dvar, scale, shift, float(eps), float(momentum), n / max(n - 1, 1),
-        **flags, BLOCK_C=FIN_BLOCK_C, BLOCK_S=FIN_BLOCK_S, num_warps=4)
-    if update and run_m is not client_mean:
+    else:  # split path: statistics, finalize (Eq. 2 and running stats), affine (Eq. 1)
+        part = None
+        if batch:
+            part = torch.empty(3, tiling.n_split, C, dtype=torch.float32, device=x.device)
+            _stats_kernel[(tiling.n_split, tiling.c_blocks)](
+                x, part[0], part[1], part[2], C, tiling.M, S, tiling.s_blocks, *strides, tiling.n_tiles,
+                tiling.tiles_per_prog, SPATIAL=tiling.spatial, LAYOUT=_layout(strides, C, S),
+                BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m, num_warps=tiling.num_warps)
+        _finalize_kernel[(cdiv(C, FIN_BLOCK_C),)](
+            part[0] if batch else None, part[1] if batch else None, part[2] if batch else None,
+            tiling.n_split, C, pt_mean, pt_var, run_m, run_v, beta_t, beta_stride, beta_val, weight, bias,
+            mu, rstd, bmean, dmean, dvar, scale, shift, float(eps), float(momentum), n / max(n - 1, 1),
+            **flags, BLOCK_C=FIN_BLOCK_C, BLOCK_S=FIN_BLOCK_S, num_warps=4)
+        _affine_kernel[(tiling.n_tiles, tiling.c_blocks)](
+            x, None, y, mu, scale, None, shift, C, tiling.M, S, tiling.s_blocks, *strides, 0, 0, 0, *y_strides,
+            HAS_X=True, HAS_U=False, SPATIAL=tiling.spatial, X_LAYOUT=_layout(strides, C, S), U_LAYOUT=GENERAL,
+            O_LAYOUT=_layout(y_strides, C, S), BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m,
+            num_warps=tiling.num_warps)
+    if update and run_m is not client_mean:  # strided running statistics: updated through a copy
         client_mean.copy_(run_m)
         client_var.copy_(run_v)
-    _affine_kernel[(tiling.n_tiles, tiling.c_blocks)](
-        x, None, y, mu, scale, None, shift, C, tiling.M, S, tiling.s_blocks, *strides, 0, 0, 0, *y_strides,
-        HAS_X=True, HAS_U=False, SPATIAL=tiling.spatial, X_LAYOUT=_layout(strides, C, S), U_LAYOUT=GENERAL,
-        O_LAYOUT=_layout(y_strides, C, S), BLOCK_C=tiling.block_c, BLOCK_M=tiling.block_m,
-        num_warps=tiling.num_warps)
     return y, (mu, rstd, bmean, dmean, dvar)
 
 
