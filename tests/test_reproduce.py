@@ -290,6 +290,30 @@ def test_claim_fedl2p_beta_names_the_bn_premise(ft_c, ft_g, explained):
     assert ("FT (BN G) beats FT (BN C) (65.00 vs 61.00, mean of 2)" in c.reason) == explained, c.reason
 
 
+def with_beta_history(res: dict, betas_per_seed: list[list[float]], kept: list[int]) -> dict:
+    """``res`` with FedL2P's per-round history (``client_beta_mean``) and kept round per seed."""
+    res["methods"]["FedL2P"]["best_round"] = kept
+    res["history"] = {"FedL2P": {f"seed{s}": [{"round": t + 1, "client_beta_mean": b} for t, b in enumerate(bs)]
+                                 for s, bs in enumerate(betas_per_seed)}}
+    return res
+
+
+@pytest.mark.parametrize("last, explained", [(0.0, True), (0.6, False)])
+def test_claim_fedl2p_beta_names_an_early_kept_round(last, explained):
+    """A high label-shift beta kept from an early round, with beta lower by the last round, is said with the
+    kept rounds' median and the round-1 / last-round means of the runs' histories."""
+    res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=0.6),
+           "fedl2p_table2_a0p1_e5": with_beta_history(fedl2p_row(70, 60, 65, beta=0.45),
+                                                      [[0.5, 0.45, 0.3, last], [0.4, 0.2, 0.1, last]], [2, 2]),
+           "fedl2p_table2_a0p5_e5": with_beta_history(fedl2p_row(70, 60, 65, beta=0.35),
+                                                      [[0.6, 0.5, 0.35, 0.2, 0.1, last]], [3])}
+    c = cl.fedl2p_beta_by_shift(res)
+    assert c.verdict == "fails"
+    clause = (f"median round 2 of 4 in 3 runs, while beta went from 0.50 in round 1 to {last:.2f} in the last "
+              f"round (means)")
+    assert (clause in c.reason) == explained, c.reason
+
+
 @pytest.mark.parametrize("fedl2p, verdict", [(80.0, "holds"), (79.5, "holds"), (78.0, "fails")])
 def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
     res = {"fedl2p_table2_a0p1_e5": fedl2p_row(fedl2p, 70.0, 80.0), "fedl2p_table2_a1p0_e5": fedl2p_row(90, 85, 70)}
