@@ -314,6 +314,20 @@ def test_claim_fedl2p_beta_names_an_early_kept_round(last, explained):
     assert (clause in c.reason) == explained, c.reason
 
 
+@pytest.mark.parametrize("last, explained", [(0.9, True), (0.0, False)])
+def test_claim_fedl2p_beta_names_an_early_kept_round_across_domains(last, explained):
+    """The other direction: a low feature-shift beta kept early is said only when beta rose by the last round."""
+    res = {"fedl2p_table3_cifar10c_a0p5": with_beta_history(fedl2p_row(70, 70, 65, dataset="cifar10c", beta=0.1),
+                                                            [[0.4, 0.1, 0.5, last]], [2]),
+           "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
+    c = cl.fedl2p_beta_by_shift(res)
+    assert c.verdict == "fails"
+    clause = "the feature-shift lambda kept is the one of the round with the lowest validation loss"
+    assert (clause in c.reason) == explained, c.reason
+    if explained:
+        assert f"median round 2 of 4 in 1 runs, while beta went from 0.40 in round 1 to {last:.2f}" in c.reason
+
+
 @pytest.mark.parametrize("fedl2p, verdict", [(80.0, "holds"), (79.5, "holds"), (78.0, "fails")])
 def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
     res = {"fedl2p_table2_a0p1_e5": fedl2p_row(fedl2p, 70.0, 80.0), "fedl2p_table2_a1p0_e5": fedl2p_row(90, 85, 70)}
