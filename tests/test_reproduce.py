@@ -290,6 +290,27 @@ def test_claim_fedl2p_beta_names_the_bn_premise(ft_c, ft_g, explained):
     assert ("FT (BN G) beats FT (BN C) (65.00 vs 61.00, mean of 2)" in c.reason) == explained, c.reason
 
 
+@pytest.mark.parametrize("cifar_beta, split", [(0.6, True), (0.2, False)])
+def test_claim_fedl2p_beta_splits_feature_shift_by_dataset(cifar_beta, split):
+    """A low pooled feature-shift beta that one dataset clears: that dataset is named, and the BN premise is
+    computed from the other dataset's runs only."""
+    res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, 68, 60, dataset="cifar10c", beta=cifar_beta),
+           "fedl2p_table3_digits_a0p5": fedl2p_row(70, 40, 50, dataset="digit_domains", beta=0.05),
+           "fedl2p_table3_digits_a1p0": fedl2p_row(70, 30, 44, dataset="digit_domains", beta=0.10),
+           "fedl2p_table3_digits_a1000": fedl2p_row(70, 20, 30, dataset="digit_domains", beta=0.0),
+           "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
+    c = cl.fedl2p_beta_by_shift(res)
+    assert c.verdict == "fails"
+    pooled = (cifar_beta + 0.15) / 4
+    assert f"{pooled:.2f} (feature shift, 4 runs: CIFAR-10-C {cifar_beta:.2f} in 1, MNIST / MNIST-M / USPS 0.05 in 3)" \
+        in c.ours, c.ours
+    assert ("beta is at least 0.3 on CIFAR-10-C (0.60) and 0.05 on MNIST / MNIST-M / USPS" in c.reason) == split
+    # FT (BN C) / (BN G) means: digits only (30.00 vs 41.33) when split, all four runs (39.50 vs 46.00) otherwise
+    premise = "MNIST / MNIST-M / USPS feature-shift runs FT (BN G) beats FT (BN C) (41.33 vs 30.00, mean of 3)" \
+        if split else "in these feature-shift runs FT (BN G) beats FT (BN C) (46.00 vs 39.50, mean of 4)"
+    assert premise in c.reason, c.reason
+
+
 def with_beta_history(res: dict, betas_per_seed: list[list[float]], kept: list[int]) -> dict:
     """``res`` with FedL2P's per-round history (``client_beta_mean``) and kept round per seed."""
     res["methods"]["FedL2P"]["best_round"] = kept
