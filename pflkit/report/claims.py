@@ -275,15 +275,15 @@ def fedl2p_beta_by_shift(results: Results) -> ClaimResult:
         high = {name: b for name, (b, _) in by_data.items() if b >= BETA_ABOVE_ZERO}
         low = {name: (b, rs) for name, (b, rs) in by_data.items() if name not in high}
         low_runs = [r for _, rs in low.values() for r in rs]
-        kind = "feature"
+        kind, low_beta = "feature", feat
         if high:  # the low mean comes from some datasets only: the explanations below are about those
             low_beta = sum(_beta(r) for r in low_runs) / len(low_runs)
             problems.append(f"beta is at least {BETA_ABOVE_ZERO} on " +
                             ", ".join(f"{name} ({b:.2f})" for name, b in high.items()) +
                             f" and {low_beta:.2f} on {' and '.join(low)}")
-            kind, feat = f"{' and '.join(low)} feature", low_beta
+            kind = f"{' and '.join(low)} feature"
         problems += _bn_premise(low_runs, kind, prefers_local=True)
-        problems += _kept_round(low_runs, kind, feat, toward_zero=False)
+        problems += _kept_round(low_runs, kind, low_beta, toward_zero=False)
     if lab > BETA_NEAR_ZERO:
         problems += _bn_premise(runs["label"], "label", prefers_local=False)
         problems += _kept_round(runs["label"], "label", lab, toward_zero=True)
