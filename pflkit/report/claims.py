@@ -195,7 +195,11 @@ def _beta_by_dataset(runs: list[dict]) -> dict[str, tuple[float, list[dict]]]:
     groups: dict[str, list[dict]] = {}
     for res in runs:
         groups.setdefault(dataset_name(res.get("config", {}).get("data", {}).get("dataset", "?")), []).append(res)
-    return {name: (sum(_beta(r) for r in rs) / len(rs), rs) for name, rs in groups.items()}
+    return {name: (_mean_beta(rs), rs) for name, rs in groups.items()}
+
+
+def _mean_beta(runs: list[dict]) -> float:
+    return sum(_beta(r) for r in runs) / len(runs)
 
 
 def _bn_premise(runs: list[dict], kind: str, *, prefers_local: bool) -> list[str]:
@@ -273,11 +277,11 @@ def fedl2p_beta_by_shift(results: Results) -> ClaimResult:
                ([f"feature-shift beta {feat:.2f} < {BETA_ABOVE_ZERO}"] if feat < BETA_ABOVE_ZERO else [])
     if feat < BETA_ABOVE_ZERO:
         high = {name: b for name, (b, _) in by_data.items() if b >= BETA_ABOVE_ZERO}
-        low = {name: (b, rs) for name, (b, rs) in by_data.items() if name not in high}
-        low_runs = [r for _, rs in low.values() for r in rs]
+        low = {name: rs for name, (b, rs) in by_data.items() if b < BETA_ABOVE_ZERO}
+        low_runs = [r for rs in low.values() for r in rs]
         kind, low_beta = "feature", feat
         if high:  # the low mean comes from some datasets only: the explanations below are about those
-            low_beta = sum(_beta(r) for r in low_runs) / len(low_runs)
+            low_beta = _mean_beta(low_runs)
             problems.append(f"beta is at least {BETA_ABOVE_ZERO} on " +
                             ", ".join(f"{name} ({b:.2f})" for name, b in high.items()) +
                             f" and {low_beta:.2f} on {' and '.join(low)}")
