@@ -311,6 +311,23 @@ def test_claim_fedl2p_beta_splits_feature_shift_by_dataset(cifar_beta, split):
     assert premise in c.reason, c.reason
 
 
+@pytest.mark.parametrize("repeat_beta, counted", [(0.9, False), (0.7, True)])
+def test_claim_fedl2p_beta_counts_a_repeated_run_once(repeat_beta, counted):
+    """Table 5's FedL2P that is Table 3's run (same data, same outcome) weighs once in the mean and is named;
+    a run of the same scenario with another outcome is a second run."""
+    res = {"fedl2p_table3_cifar10c_a0p1": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=0.9),
+           "fedl2p_table3_digits_a0p1": fedl2p_row(70, 60, 65, dataset="digit_domains", beta=0.0),
+           "fedl2p_table5_cifar10c_a0p1": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=repeat_beta),
+           "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
+    res["fedl2p_table5_cifar10c_a0p1"]["methods"]["FedL2P"]["published"] = 89.23  # the paper's side may differ
+    c = cl.fedl2p_beta_by_shift(res)
+    # feature-shift means: (0.9 + 0.0) / 2 = 0.45 when the repeat counts once, (0.9 + 0.0 + 0.7) / 3 = 0.53
+    expected = "0.53 (feature shift, 3 runs" if counted else "0.45 (feature shift, 2 runs"
+    assert expected in c.ours, c.ours
+    note = "counted once, as the same FedL2P run: fedl2p_table5_cifar10c_a0p1 = fedl2p_table3_cifar10c_a0p1"
+    assert (note in c.ours) == (not counted), c.ours
+
+
 def with_beta_history(res: dict, betas_per_seed: list[list[float]], kept: list[int]) -> dict:
     """``res`` with FedL2P's per-round history (``client_beta_mean``) and kept round per seed."""
     res["methods"]["FedL2P"]["best_round"] = kept
