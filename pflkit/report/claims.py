@@ -281,25 +281,22 @@ def fedl2p_beta_by_shift(results: Results) -> ClaimResult:
     beta = 1 for clients whose features differ. The rule is on means over runs; with several
     feature-shift datasets, each one's mean is shown, and when some clear the threshold, the reasons
     for a low pooled mean are computed from the other datasets' runs."""
-    groups: dict[str, list[float]] = {"label": [], "feature": []}
     runs: dict[str, list[dict]] = {"label": [], "feature": []}
     named, repeats = _distinct([(n, r) for n, r in _matching(results, "fedl2p_*")
                                 if _beta(r) is not None and _shift(r)])
     for _, res in named:
-        kind = _shift(res)
-        groups[kind].append(_beta(res))
-        runs[kind].append(res)
+        runs[_shift(res)].append(res)
     paper_value = "beta = 0 under label shift (Fig. 2a); up to 1 under feature shift (Fig. 2b, CIFAR-10-C)"
-    if not groups["label"] or not groups["feature"]:
-        missing = [k for k, v in groups.items() if not v]
+    if not runs["label"] or not runs["feature"]:
+        missing = [k for k, v in runs.items() if not v]
         return _result(fedl2p_beta_by_shift, NOT_RUN, paper_value, "-",
                        f"no FedL2P beta recorded under {' and '.join(missing)} shift")
-    lab, feat = (sum(v) / len(v) for v in (groups["label"], groups["feature"]))
+    lab, feat = _mean_beta(runs["label"]), _mean_beta(runs["feature"])
     by_data = _beta_by_dataset(runs["feature"])
     split = "" if len(by_data) < 2 else ": " + ", ".join(f"{name} {b:.2f} in {len(rs)}"
                                                           for name, (b, rs) in by_data.items())
-    ours = f"mean beta {lab:.2f} (label shift, {len(groups['label'])} runs), {feat:.2f} (feature shift, " \
-           f"{len(groups['feature'])} runs{split})" + \
+    ours = f"mean beta {lab:.2f} (label shift, {len(runs['label'])} runs), {feat:.2f} (feature shift, " \
+           f"{len(runs['feature'])} runs{split})" + \
            (f"; counted once, as the same FedL2P run: {', '.join(repeats)}" if repeats else "")
     problems = ([f"label-shift beta {lab:.2f} > {BETA_NEAR_ZERO}"] if lab > BETA_NEAR_ZERO else []) + \
                ([f"feature-shift beta {feat:.2f} < {BETA_ABOVE_ZERO}"] if feat < BETA_ABOVE_ZERO else [])
