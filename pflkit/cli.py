@@ -30,6 +30,7 @@ def _cmd_list(args) -> int:
 
 def _run(name: str, args) -> int:
     from pflkit.experiments import resolve
+    from pflkit.report.divergence import mark_divergence
     from pflkit.report.figures import plot_methods, save_figure
     from pflkit.report.tables import format_table
     from pflkit.runner import run_experiment
@@ -64,6 +65,7 @@ def _run(name: str, args) -> int:
         results = run_experiment(cfg, out, data_root=args.data_root, download=args.download, resume=args.resume,
                                  overwrite=args.overwrite, progress=not args.quiet, engine=engine,
                                  keep_states=getattr(args, "keep_states", False))
+    results = mark_divergence(results)  # a finite blow-up is reported like a NaN (exit status 3)
     print(format_table(results))
     fig = save_figure(plot_methods(results).figure, out / "methods.png")
     print(f"results: {out / 'results.json'}\nfigure: {fig}")

@@ -119,7 +119,13 @@ class Session:
         return self.out / name
 
     def run(self, name: str, *overrides: str, results_root: str | os.PathLike | None = None) -> dict:
-        """Results of experiment ``name``: saved ones from ``results_root`` (same preset), else a fresh run."""
+        """Results of experiment ``name``: saved ones from ``results_root`` (same preset), else a fresh run;
+        a method that diverged with finite numbers is marked so (`pflkit.report.divergence`)."""
+        from pflkit.report.divergence import mark_divergence
+
+        return mark_divergence(self._results(name, *overrides, results_root=results_root))
+
+    def _results(self, name: str, *overrides: str, results_root: str | os.PathLike | None = None) -> dict:
         from pflkit.io import read_json
 
         folder = self.run_dir(name, results_root)

@@ -44,6 +44,7 @@ import pflkit
 from pflkit.config import ConfigError
 from pflkit.io import locked_folder, read_json, write_json
 from pflkit.report.compact import COMPACT_FORMAT, compact_path, compact_result, config_digest
+from pflkit.report.divergence import mark_divergence
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +247,7 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
         return Outcome(cfg.name, FAILED, _one_line(e), time.perf_counter() - t0)
     write_json(compact, compact_result(results, folder, cfg_hash=key["config"], code=code, overrides=overrides))
     (folder / "reproduce-error.log").unlink(missing_ok=True)
-    bad = {label: m["status"] for label, m in results["methods"].items() if m["status"] != "ok"}
+    bad = {label: m["status"] for label, m in mark_divergence(results)["methods"].items() if m["status"] != "ok"}
     reason = "" if not bad else "status " + ", ".join(f"{k}: {v}" for k, v in bad.items())
     return Outcome(cfg.name, DONE, reason, time.perf_counter() - t0)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import compact_path
+from pflkit.report.divergence import mark_divergence
 from pflkit.report.reproduction import STALE, data_label, out_of_date, run_time
 
 BLOCK = re.compile(r"<!-- results (?P<preset>[\w-]+): (?P<names>[^>]*?) -->\n(?P<body>.*?)<!-- /results -->",
@@ -100,7 +101,7 @@ def _load(results_dir, preset: str, names) -> list[dict]:
         raise FileNotFoundError(f"README block names {', '.join(missing)} but {results_dir}/{preset}/ has no result "
                                 f"for {'it' if len(missing) == 1 else 'them'}: run `pflkit reproduce --preset "
                                 f"{preset} --only {','.join(missing)}` first")
-    return [read_json(compact_path(results_dir, preset, n)) for n in names]
+    return [mark_divergence(read_json(compact_path(results_dir, preset, n))) for n in names]
 
 
 def expected(block: Block, results_dir="results") -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import config_digest
+from pflkit.report.divergence import mark_divergence
 
 PAPERS = {
     "fedl2p": "FedL2P: Federated Learning to Personalize (Lee et al., NeurIPS 2023)",
@@ -48,10 +49,11 @@ whether the paper's qualitative conclusions hold at that preset.
 
 
 def load_results(results_dir) -> dict[str, dict[str, dict]]:
-    """``{preset: {experiment: compact result}}`` of every ``results_dir/<preset>/*.json`` (``_*`` skipped)."""
+    """``{preset: {experiment: compact result}}`` of every ``results_dir/<preset>/*.json`` (``_*`` skipped),
+    each method that diverged with finite numbers marked so (`pflkit.report.divergence.mark_divergence`)."""
     out: dict[str, dict[str, dict]] = {}
     for folder in sorted(p for p in Path(results_dir).iterdir() if p.is_dir()) if Path(results_dir).is_dir() else []:
-        found = {p.stem: read_json(p) for p in sorted(folder.glob("*.json")) if not p.name.startswith("_")}
+        found = {p.stem: mark_divergence(read_json(p)) for p in sorted(folder.glob("*.json")) if not p.name.startswith("_")}
         if found:
             out[folder.name] = found
     return out
@@ -181,6 +183,12 @@ def run_time(res: dict, decimals: int = 1) -> str:
     return f"{wall / 60:.{decimals}f} min"
 
 
+def _why_not_ok(res: dict) -> str:
+    """`` (method: error; ...)`` for each method of ``res`` that is not ``ok`` and says why, else ""."""
+    why = [f"{k}: {m['error']}" for k, m in res.get("methods", {}).items() if m.get("status") != "ok" and m.get("error")]
+    return f" ({'; '.join(why)})" if why else ""
+
+
 def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     name = res["experiment"]
     if "methods" not in res:
@@ -193,7 +201,7 @@ def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     commit = f", commit {ver['git'][:10]}" if ver.get("git") else ""
     took = run_time(res)
     took = f", {took}" if took else ""
-    bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**."
+    bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**{_why_not_ok(res)}."
     bad += f" {STALE}; the command after `Reproduce` reruns it." if stale else ""
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "
             f"Deviations from the paper's settings: {dev}.{bad} Run with pflkit {ver.get('pflkit', '?')}{commit}"
