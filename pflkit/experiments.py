@@ -3,6 +3,11 @@
 An experiment file (``pflkit/catalog/<paper>/<name>.toml``) names the data, the
 partition, the model, an optional pretraining stage and the methods whose
 personalized accuracy the table reports, plus the paper's published numbers.
+``[experiment]`` names the ``paper``, ``table`` and ``title``; two more keys there document
+a result and are read by the reproduction report only (`pflkit.report.reproduction`), so
+they are not part of the configuration or its digest: ``stands_in_for`` (the paper's
+dataset a stand-in replaces) and ``finding`` (what investigating the result found, shown
+under its row).
 ``[presets.smoke|cpu|paper]`` tables hold overrides that change sizes only,
 never the algorithm; where a scale-down truly needs another setting, the preset
 table declares it: ``deviations = ["pretrain.momentum", ...]`` (the ``smoke`` /

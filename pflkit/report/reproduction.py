@@ -110,20 +110,21 @@ def out_of_date(res: dict, root=None) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _declared_stand_in(name: str) -> str | None:
-    """``[experiment] stands_in_for`` of the catalog file ``name``, when it says so."""
+def _declared(name: str, key: str) -> str | None:
+    """``[experiment] <key>`` of the catalog file ``name`` (``stands_in_for``, ``finding``), when it says so:
+    documentation the report shows, not part of the configuration (so not of its digest)."""
     from pflkit.experiments import list_experiments, tomllib
 
     path = list_experiments().get(name)
     if path is None:
         return None
     with open(path, "rb") as f:
-        own = tomllib.load(f).get("experiment", {}).get("stands_in_for")
-    return str(own) if own else None
+        own = tomllib.load(f).get("experiment", {}).get(key)
+    return " ".join(str(own).split()) if own else None
 
 
 def _stands_in_for(res: dict) -> str | None:
-    return _declared_stand_in(res["experiment"]) or STAND_INS.get(
+    return _declared(res["experiment"], "stands_in_for") or STAND_INS.get(
         (res.get("paper"), res.get("config", {}).get("data", {}).get("dataset")))
 
 
@@ -203,6 +204,8 @@ def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     took = f", {took}" if took else ""
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**{_why_not_ok(res)}."
     bad += f" {STALE}; the command after `Reproduce` reruns it." if stale else ""
+    found = _declared(name, "finding")
+    bad += f" Finding: {found}" if found else ""
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "
             f"Deviations from the paper's settings: {dev}.{bad} Run with pflkit {ver.get('pflkit', '?')}{commit}"
             f"{took}. Reproduce: `{res.get('command', '')}`")
