@@ -37,7 +37,8 @@ def _history(res: dict) -> dict:
 
 def loss_growth(rounds: list[dict]) -> tuple[float, float, int] | None:
     """(median training loss over the first window, over the last window, window size) of one seed's
-    round records, or None when fewer than two windows' worth of finite positive losses were logged."""
+    round records; None when fewer than two windows of losses were logged, or when the first window holds
+    a loss that is not positive and finite (no ratio to take)."""
     losses = [r["train_loss"] for r in rounds if isinstance(r, dict) and isinstance(r.get("train_loss"), (int, float))]
     window = max(WINDOW, len(losses) // 10)
     if len(losses) < 2 * window or any(not 0 < x < float("inf") for x in losses[:window]):

@@ -53,7 +53,8 @@ def load_results(results_dir) -> dict[str, dict[str, dict]]:
     each method that diverged with finite numbers marked so (`pflkit.report.divergence.mark_divergence`)."""
     out: dict[str, dict[str, dict]] = {}
     for folder in sorted(p for p in Path(results_dir).iterdir() if p.is_dir()) if Path(results_dir).is_dir() else []:
-        found = {p.stem: mark_divergence(read_json(p)) for p in sorted(folder.glob("*.json")) if not p.name.startswith("_")}
+        found = {p.stem: mark_divergence(read_json(p)) for p in sorted(folder.glob("*.json"))
+                 if not p.name.startswith("_")}
         if found:
             out[folder.name] = found
     return out
@@ -186,7 +187,8 @@ def run_time(res: dict, decimals: int = 1) -> str:
 
 def _why_not_ok(res: dict) -> str:
     """`` (method: error; ...)`` for each method of ``res`` that is not ``ok`` and says why, else ""."""
-    why = [f"{k}: {m['error']}" for k, m in res.get("methods", {}).items() if m.get("status") != "ok" and m.get("error")]
+    why = [f"{k}: {m['error']}" for k, m in res.get("methods", {}).items()
+           if m.get("status") != "ok" and m.get("error")]
     return f" ({'; '.join(why)})" if why else ""
 
 
