@@ -66,3 +66,16 @@ def test_published_detail_holds_the_papers_other_numbers():
         published_detail({"ari": {"beta": "high"}})
     with pytest.raises(ConfigError, match=r"published_detail\.groups\.FedAvg"):
         published_detail({"groups": {"FedAvg": [1.0, True]}})
+
+
+def test_experiment_tables_hold_only_the_keys_something_reads():
+    """``[experiment]`` is not validated by `resolve` (its documentation keys are the report's): a
+    misspelt ``finding`` or ``stands_in_for`` in a catalog file would be dropped silently."""
+    from pflkit.experiments import tomllib
+
+    read = {"name", "paper", "table", "title", "stands_in_for", "finding"}
+    for name, path in list_experiments().items():
+        with open(path, "rb") as f:
+            keys = set(tomllib.load(f).get("experiment", {}))
+        assert keys <= read, f"{name}: [experiment] {sorted(keys - read)} is read by nothing"
+        assert {"paper", "table", "title"} <= keys, name
