@@ -1,12 +1,15 @@
-"""Analyses behind pFedHN's figures: novel clients (Fig. 2 / 7), mix-and-match (Fig. 3), budgets (Table 2).
+"""Analyses behind pFedHN's figures: novel clients (Fig. 2 / 7), mix-and-match (Fig. 3), budgets (Table 2),
+spectral normalization (Table 4: how personal the generated weights are, what sigma the layers divide by).
 
-Pure functions of federations and per-client results: they give the arrays the notebooks plot.
+Pure functions of federations, per-client results, generated tensors and networks: they give the arrays the
+notebooks plot.
 Nothing here trains or runs a model: `pflkit.stages` trains a method on a chosen federation and
 `pflkit.algorithms.pfedhn.mix_and_match` evaluates the generated models.
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from pflkit.data.partition import nearest_tv
 from pflkit.fl.federation import Federation, contiguous_group
@@ -83,3 +86,35 @@ def group_accuracy(per_client: list[float] | np.ndarray, num_groups: int) -> lis
     acc = np.asarray(per_client, dtype=np.float64)
     groups = np.array([contiguous_group(i, len(acc), num_groups) for i in range(len(acc))])
     return [float(acc[groups == g].mean()) for g in range(num_groups)]
+
+
+# ---------------------------------------------------------------- Table 4 (App. C.3, spectral normalization)
+
+
+def personal_share(generated: list[dict]) -> dict[str, float]:
+    """How much of each generated tensor depends on the client: for tensors ``theta_i`` of clients
+    i = 1..n (one dict per client, as `HyperNetwork.forward` returns), the mean over clients of
+    ``||theta_i - mean_j theta_j||`` divided by ``||mean_j theta_j||``.
+
+    0 means one model for everyone (FedAvg's); pFedHN personalizes through the part above it.
+    """
+    out = {}
+    for name in generated[0]:
+        stacked = torch.stack([g[name].detach().flatten() for g in generated])
+        shared = stacked.mean(dim=0)
+        out[name] = float((stacked - shared).norm(dim=1).mean() / shared.norm())
+    return out
+
+
+def linear_spectral_norms(net) -> dict[str, float]:
+    """The largest singular value of the raw weight of every ``nn.Linear`` of ``net``: for a spectrally
+    normalized layer (``torch.nn.utils.parametrizations.spectral_norm``) its unnormalized ``original``,
+    the sigma it divides by. To first order a gradient step of size lr on the raw weight moves the
+    normalized weight by lr / sigma^2 times the gradient with respect to it."""
+    out = {}
+    for name, module in net.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            para = getattr(module, "parametrizations", None)
+            raw = para.weight.original if para is not None and hasattr(para, "weight") else module.weight
+            out[name] = float(torch.linalg.matrix_norm(raw.detach(), ord=2))
+    return out

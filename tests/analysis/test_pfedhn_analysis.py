@@ -92,3 +92,54 @@ def test_mix_and_match_diagonal_is_each_clients_own_model():
     np.testing.assert_allclose(np.diag(acc), own)
     assert acc.shape == (4, 4) and not np.allclose(acc, acc[:, :1])  # feature extractors differ across clients
     torch.testing.assert_close(torch.tensor(row_normalize(acc)).amax(1), torch.ones(4, dtype=torch.float64))
+
+
+def test_personal_share_by_hand():
+    from pflkit.analysis.pfedhn import personal_share
+
+    gen = [{"w": torch.tensor([1.0, 0.0]), "b": torch.tensor([2.0])},
+           {"w": torch.tensor([3.0, 0.0]), "b": torch.tensor([2.0])}]
+    # mean (2, 0); each client 1 away: 1 / 2. b is shared by both: 0
+    assert personal_share(gen) == pytest.approx({"w": 0.5, "b": 0.0})
+
+
+def test_linear_spectral_norms_read_the_raw_weight_of_a_normalized_layer():
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    from pflkit.analysis.pfedhn import linear_spectral_norms
+
+    plain = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        plain.weight.copy_(torch.tensor([[3.0, 0.0], [0.0, 1.0]]))
+    normed = spectral_norm(torch.nn.Linear(2, 2))
+    with torch.no_grad():
+        normed.parametrizations.weight.original.copy_(torch.tensor([[0.0, 5.0], [2.0, 0.0]]))
+    net = torch.nn.Sequential(plain, normed)
+    assert linear_spectral_norms(net) == pytest.approx({"0": 3.0, "1": 5.0})
+    for _ in range(20):  # power iterations (one per read in training mode) catch up with the new weight
+        weight = normed.weight
+    assert float(torch.linalg.matrix_norm(weight.detach(), ord=2)) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_spectral_norm_leaves_the_generated_weights_nearly_shared_at_init():
+    """Table 4's SN rows (pfedhn_table4_sn_*, `[experiment] finding`): normalizing the heads divides their
+    client-dependent output by sigma (up to ~18 for LeNet's fc1 head) while the heads' biases, shared by
+    all clients, are left as they are; so at init SN's models are nearly one shared model."""
+    from pflkit.algorithms.hypernet import HyperNetwork, default_embed_dim
+    from pflkit.analysis.pfedhn import linear_spectral_norms, personal_share
+    from pflkit.models import build_model
+
+    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
+    targets = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    shares, sigma = {}, {}
+    for sn in (False, True):
+        torch.manual_seed(0)
+        net = HyperNetwork(10, targets, embed_dim=default_embed_dim(10), spectral_norm=sn).eval()
+        with torch.no_grad():
+            shares[sn] = personal_share([net(i) for i in range(10)])
+        sigma[sn] = linear_spectral_norms(net)
+    assert min(sigma[False]["heads.fc1__weight"], sigma[True]["heads.fc1__weight"]) > 10
+    for name in targets:
+        if name.endswith("weight"):
+            assert shares[True][name] < 0.25 * shares[False][name], name
+    assert shares[True]["fc1.weight"] < 0.05 * shares[False]["fc1.weight"]
