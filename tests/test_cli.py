@@ -58,6 +58,26 @@ def test_diverged_run_is_marked_not_crashed(tmp_path):
     assert res["methods"]["FT (BN C)"]["status"] == "diverged"  # nothing to fine-tune
 
 
+def test_a_finite_blow_up_exits_like_a_nan(tmp_path, monkeypatch, capsys):
+    """A run whose numbers stay finite while its training loss explodes and its model is broken
+    (`pflkit.report.divergence`) is reported `diverged` with exit status 3, like a non-finite one."""
+    import pflkit.runner
+
+    out = tmp_path / "run"
+    assert main(["run", "demo", "--preset", "smoke", "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    first = res["rounds"]["Global"]["seed0"][0]
+    res["rounds"]["Global"]["seed0"] = [{**first, "round": r + 1, "train_loss": 1.5 * (1 if r < 5 else 100)}
+                                        for r in range(30)]
+    res["methods"]["Global"]["acc_mean"] = 10.0  # under half of the best method's
+    monkeypatch.setattr(pflkit.runner, "run_experiment", lambda *a, **k: res)
+    capsys.readouterr()
+    assert main(["run", "demo", "--preset", "smoke", "--quiet", "--out", str(out), "--resume"]) == 3
+    captured = capsys.readouterr()
+    assert "Global: finite divergence: seed 0: training loss 1.5" in captured.err
+    assert "diverged" in next(line for line in captured.out.splitlines() if "Global" in line)
+
+
 @pytest.fixture
 def one_intra_op_thread():
     import torch
