@@ -110,6 +110,23 @@ def test_standin_is_used_only_when_asked_and_labelled(tmp_path):
     assert s.dataset_label(demo) == "sklearn digits" and s.paper_header(demo) == "paper"
 
 
+def test_a_saved_run_that_blew_up_with_finite_numbers_reads_as_diverged(tmp_path):
+    """`Session.run` hands a notebook the results with `pflkit.report.divergence` applied, so its tables
+    and conclusions never show a broken model's number as a result."""
+    from pflkit.io import write_json
+    from pflkit.notebooks import setup
+
+    s = setup("smoke", str(tmp_path / "out"), threads=1)
+    ok = {"status": "ok", "acc_mean": 80.0, "acc_std": 0.0, "per_seed": [80.0], "error": ""}
+    res = {"status": "ok", "config": {"preset": "smoke"},
+           "methods": {"A": {**ok, "acc_mean": 5.0, "per_seed": [5.0]}, "B": ok},
+           "rounds": {"A": {"seed0": [{"round": r + 1, "train_loss": 2.0 if r < 5 else 300.0} for r in range(30)]}}}
+    write_json(tmp_path / "saved" / "x" / "results.json", res)
+    got = s.run("x", results_root=tmp_path / "saved")
+    assert got["methods"]["A"]["status"] == "diverged" and got["methods"]["A"]["acc_mean"] is None
+    assert got["methods"]["B"] == ok and got["status"] == "diverged"
+
+
 def test_setup_refuses_a_device_the_machine_lacks(tmp_path):
     import torch
 
