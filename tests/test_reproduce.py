@@ -644,3 +644,21 @@ def test_jobs_must_be_positive():
         rp.reproduce("smoke", jobs=0)
     with pytest.raises(SystemExit):
         main(["reproduce", "--jobs", "0"])
+
+
+def test_the_batch_summary_names_a_finite_blow_up(batch, tmp_path, monkeypatch):
+    """`run_one` reports a method that diverged with finite numbers (`pflkit.report.divergence`) in the
+    batch's summary, as it does a non-finite one; the compact result keeps the run's own numbers."""
+    import pflkit.runner
+
+    folder = Path(batch["kw"]["work_dir"]) / "tiny_digits"
+    res = json.loads((folder / "results.json").read_text())
+    label = "FT (BN C)"
+    res["rounds"][label] = {"seed0": [{"round": r + 1, "train_loss": 1.0 if r < 5 else 50.0} for r in range(30)]}
+    best = max(m["acc_mean"] for k, m in res["methods"].items() if k != label)
+    res["methods"][label]["acc_mean"] = best / 4
+    monkeypatch.setattr(pflkit.runner, "run_experiment", lambda *a, **kw: res)
+    cfg = resolve(batch["catalog"] / "tiny" / "tiny_digits.toml", "smoke")
+    out = rp.run_one(cfg, tmp_path / "work", tmp_path / "tiny_digits.json", code=None)
+    assert (out.status, out.reason) == (rp.DONE, f"status {label}: diverged")
+    assert json.loads((tmp_path / "tiny_digits.json").read_text())["methods"][label]["status"] == "ok"
