@@ -143,3 +143,26 @@ def test_spectral_norm_leaves_the_generated_weights_nearly_shared_at_init():
         if name.endswith("weight"):
             assert shares[True][name] < 0.25 * shares[False][name], name
     assert shares[True]["fc1.weight"] < 0.05 * shares[False]["fc1.weight"]
+
+
+def test_class_proportion_embeddings_start_less_personal_than_learned_ones():
+    """App. C.5 (pfedhn_appc5_fixed_embeddings, `[experiment] finding`): a client's class proportions
+    p_hat (norm <= 1) feed the trunk a smaller, less varied input than the N(0, 1) rows of a learned
+    embedding (norm ~ sqrt(d)), so the client-dependent part of the generated weights starts smaller."""
+    from pflkit.algorithms.hypernet import HyperNetwork
+    from pflkit.analysis.pfedhn import personal_share
+    from pflkit.models import build_model
+
+    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
+    targets = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    p_hat = torch.tensor(np.random.default_rng(0).dirichlet([0.1] * 10, size=50), dtype=torch.float32)
+    torch.manual_seed(0)
+    learned = HyperNetwork(50, targets, embed_dim=10).eval()
+    torch.manual_seed(0)
+    fixed = HyperNetwork(50, targets, fixed_embeddings=p_hat).eval()
+    with torch.no_grad():
+        a = personal_share([learned(i) for i in range(50)])
+        b = personal_share([fixed(i) for i in range(50)])
+    for name in targets:
+        if name.endswith("weight"):
+            assert b[name] < 0.5 * a[name], name
