@@ -166,3 +166,23 @@ def test_class_proportion_embeddings_start_less_personal_than_learned_ones():
     for name in targets:
         if name.endswith("weight"):
             assert b[name] < 0.5 * a[name], name
+
+
+def test_each_trunk_layer_shrinks_the_personal_part_at_init():
+    """App. C.2.3 (pfedhn_ablation_depth, `[experiment] finding`): every ReLU + Linear(100, 100) block of
+    the trunk, at PyTorch's default init, shrinks the client-dependent part of the generated weights
+    (about 2.3x a block), while the heads' shared biases stay as they are."""
+    from pflkit.algorithms.hypernet import HyperNetwork, default_embed_dim
+    from pflkit.analysis.pfedhn import personal_share
+    from pflkit.models import build_model
+
+    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
+    targets = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    share = []
+    for depth in range(1, 6):
+        torch.manual_seed(0)
+        net = HyperNetwork(50, targets, embed_dim=default_embed_dim(50), depth=depth).eval()
+        with torch.no_grad():
+            share.append(personal_share([net(i) for i in range(50)])["fc1.weight"])
+    assert all(1.5 < a / b < 4 for a, b in zip(share, share[1:])), share
+    assert share[0] > 0.5 and share[-1] < 0.06, share
