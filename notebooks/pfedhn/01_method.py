@@ -165,3 +165,66 @@ fig.suptitle(f"pFedHN on {session.dataset_label(exp)}, preset {preset}", fontsiz
 fig.tight_layout()
 save_figure(fig, session.figure("method_training.png"))
 plt.show()
+
+# %% [markdown]
+# ## 4. How personal the generated models are before training
+# Every head is `W z + b`: `b` is the same for every client, only `W z` depends on the client's embedding. At
+# initialization the client-dependent part can be small next to the shared one, and then the hypernetwork starts
+# as nearly one model for everyone and has to learn its way to personal ones. `personal_share` measures it per
+# target tensor: the mean over clients of `||theta_i - mean_j theta_j||` over `||mean_j theta_j||`. Below, the
+# hypernetwork of section 1 beside the variants of the paper's ablations: trunk depth (App. C.2.3), spectral
+# normalization of every layer (App. C.3), and fixed class-proportion embeddings instead of learned ones (App. C.5).
+# Nothing is trained here; the `[experiment] finding` of those experiments (REPRODUCTION.md) sets this beside
+# what they reached at the `cpu` preset.
+
+# %%
+import numpy as np
+import torch
+from matplotlib.ticker import NullFormatter
+
+from pflkit.algorithms.pfedhn import class_proportions
+from pflkit.analysis.pfedhn import personal_share
+
+targets, dim = state["spec"]["targets"], state["spec"]["embed_dim"]
+variants = {f"depth {d}": dict(embed_dim=dim, depth=d) for d in range(1, 6)}
+variants["depth 3, SN"] = dict(embed_dim=dim, spectral_norm=True)
+variants["depth 3, fixed p_hat"] = dict(fixed_embeddings=class_proportions(fed))
+share = {}
+for label, kwargs in variants.items():
+    torch.manual_seed(seed)
+    variant = hn.HyperNetwork(fed.num_clients, targets, **kwargs).eval()
+    with torch.no_grad():
+        per_tensor = personal_share([variant(i) for i in range(fed.num_clients)])
+    share[label] = float(np.mean([v for k, v in per_tensor.items() if k.endswith("weight")]))
+for label, value in share.items():
+    print(f"{label:22s} client-dependent / shared part of the generated weights: {value:.3f}")
+fig, ax = plt.subplots(figsize=(6.5, 3))
+ax.barh(list(share), list(share.values()), color=["C0"] * 5 + ["C1", "C2"])
+ax.set_xscale("log")
+ax.xaxis.set_minor_formatter(NullFormatter())  # major ticks only: the minor labels run into each other
+for y, value in enumerate(share.values()):
+    ax.annotate(f"{value:.3f}", (value, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+ax.set_xlim(right=3 * max(share.values()))
+ax.invert_yaxis()
+ax.set_xlabel("client-dependent / shared part at init (mean over weight tensors, log)")
+ax.set_title(f"pFedHN at initialization, {fed.num_clients} clients of {session.dataset_label(exp)}", fontsize=10)
+fig.tight_layout()
+save_figure(fig, session.figure("method_personal_share.png"))
+plt.show()
+
+# %% [markdown]
+# Why they can differ: at PyTorch's default initialization every extra trunk layer scales its input down,
+# spectral normalization divides each head's `W z` by the largest singular value of `W` but leaves the shared
+# biases alone, and class proportions (norm at most 1) are smaller inputs than N(0, 1) embeddings of the same
+# size or more. Whether a hypernetwork that starts less personal also ends less accurate depends on the step
+# budget; the findings under App. C.2.3, C.3 and C.5 in REPRODUCTION.md set these numbers beside the `cpu` runs.
+# What this run shows:
+
+# %%
+depths = [share[f"depth {d}"] for d in range(1, 6)]
+shrinks = all(a > b for a, b in zip(depths, depths[1:]))
+print(f"- deeper trunks {'start less personal at every added layer' if shrinks else 'do not shrink it at every layer'}"
+      f" here: {' > '.join(f'{v:.3f}' for v in depths) if shrinks else ', '.join(f'{v:.3f}' for v in depths)}")
+for label in ("depth 3, SN", "depth 3, fixed p_hat"):
+    word = "less" if share[label] < share["depth 3"] else "not less"
+    print(f"- {label}: {word} personal than the plain hypernetwork ({share[label]:.3f} vs {share['depth 3']:.3f})")
