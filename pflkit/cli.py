@@ -138,7 +138,7 @@ def _cmd_reproduce(args) -> int:
                          work_dir=args.work, overrides=args.set or [], data_root=args.data_root,
                          download=args.download, device=args.device, notebooks=not args.no_notebooks,
                          force=args.force, code_check=not args.no_code_check, progress=not args.quiet,
-                         jobs=args.jobs)
+                         jobs=args.jobs, reuse=not args.no_reuse)
     print(format_summary(outcomes, time.perf_counter() - t0))
     print(f"compact results: {args.results}/{args.preset or 'cpu'}/; the report: pflkit reproduce --report")
     return 3 if any(o.status == FAILED for o in outcomes) else 0
@@ -212,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="experiments (then notebooks) run at once, each process with cores / jobs threads (default 1)")
     p.add_argument("--no-code-check", action="store_true",
                    help="keep results made by other code (only a changed configuration reruns)")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="train every stage, even one another run of the batch finished with the same settings")
     p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
     p.add_argument("--download", action="store_true", help="download missing datasets into the cache")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N or mps")

@@ -7,8 +7,10 @@ For each selected experiment file (``paper``, ``only``) at one preset:
    configuration (`config_hash`) and the same code (`code_version`);
 3. else run it with `pflkit.runner.run_experiment` into its work folder
    (``runs/reproduce/<preset>/<name>``): resumed when that folder holds an unfinished run of the
-   same configuration and code, started over otherwise. A dataset (or pretrained weights file) that
-   cannot be had offline makes it "not run (data missing: NAME)" and the batch goes on;
+   same configuration and code, started over otherwise; a run started over first takes the finished
+   stages another run folder of the work folder made with the same settings, data and code
+   (`pflkit.reuse`). A dataset (or pretrained weights file) that cannot be had offline makes it
+   "not run (data missing: NAME)" and the batch goes on;
 4. write the compact result (`compact_result`) from the run's ``results.json`` and its
    per-method reports (`pflkit.report.compact`): what the reproduction report and the claim checks
    read, small enough to commit.
@@ -52,12 +54,13 @@ STATUS_FILE = "_status.json"  # per experiment: the last batch's outcome (why on
 MATRIX_DONE = "_matrix_done.json"  # in the work folder: the inputs the matrix table and figure were drawn from
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
+REUSED = "reused.json"  # in a work folder: the stages its run took from another run folder (`pflkit.reuse`)
 # runs whose stages' trained states a notebook reads (`keep_states`): FedSelect's Fig. 1 masks, pFedHN-PC's
 # mix-and-match (Fig. 3) and pFedHN's client embeddings (Fig. 4). Kept in the work folder only, so the notebook
 # reads them instead of training the same model again
 KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine)
-NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py")
+NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py", "reuse.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 
@@ -216,27 +219,41 @@ def _one_line(e: BaseException, limit: int = 200) -> str:
 
 
 def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=(), data_root=None,
-            download: bool = False) -> Outcome:
-    """Run (or resume) one experiment into ``folder`` and write its compact result to ``compact``."""
+            download: bool = False, reuse: bool = True) -> Outcome:
+    """Run (or resume) one experiment into ``folder`` and write its compact result to ``compact``.
+
+    ``reuse``: a run started afresh first takes the finished stages that another run folder of the
+    batch holds with the same settings, data and code (`pflkit.reuse`); the compact result names them.
+    """
     from pflkit.data.base import DatasetNotFoundError
+    from pflkit.reuse import seed_from_donors
     from pflkit.runner import RunMismatchError, run_experiment
 
     weights = _missing_weights(cfg)
     if weights:
         return Outcome(cfg.name, NOT_RUN, f"weights missing: {weights}")
     key = {"config": config_hash(cfg), "code": code}
-    marker = folder / MARKER
+    marker, reused_file = folder / MARKER, folder / REUSED
     started = read_json(marker) if marker.exists() else {}
     # continue the folder's run only if it was started with this configuration and code (code=None: any)
     resume = started.get("config") == key["config"] and (code is None or started.get("code") == code)
+    keep = any(fnmatch.fnmatchcase(cfg.name, p) for p in KEEP_STATES)
+    if not resume:
+        reused_file.unlink(missing_ok=True)
+        if reuse:
+            with locked_folder(folder):
+                reused = seed_from_donors(cfg, folder, code=code, marker=MARKER, keep_states=keep)
+            if reused:
+                write_json(reused_file, reused)
+                resume = True
     write_json(marker, key)
     t0 = time.perf_counter()
-    kwargs = dict(data_root=data_root, download=download, progress=False,
-                  keep_states=any(fnmatch.fnmatchcase(cfg.name, p) for p in KEEP_STATES))
+    kwargs = dict(data_root=data_root, download=download, progress=False, keep_states=keep)
     try:
         try:
             results = run_experiment(cfg, folder, resume=resume, overwrite=not resume, **kwargs)
-        except RunMismatchError:  # same config and code, other data files: start over
+        except RunMismatchError:  # same config and code, other data files (than a donor's too): start over
+            reused_file.unlink(missing_ok=True)
             results = run_experiment(cfg, folder, overwrite=True, **kwargs)
     except DatasetNotFoundError as e:
         _drop_if_empty(folder)
@@ -245,7 +262,10 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
         (folder / "reproduce-error.log").write_text(traceback.format_exc())
         log.warning("%s failed: %s (traceback in %s)", cfg.name, _one_line(e), folder / "reproduce-error.log")
         return Outcome(cfg.name, FAILED, _one_line(e), time.perf_counter() - t0)
-    write_json(compact, compact_result(results, folder, cfg_hash=key["config"], code=code, overrides=overrides))
+    result = compact_result(results, folder, cfg_hash=key["config"], code=code, overrides=overrides)
+    if reused_file.exists():
+        result["reused"] = read_json(reused_file)
+    write_json(compact, result)
     (folder / "reproduce-error.log").unlink(missing_ok=True)
     bad = {label: m["status"] for label, m in mark_divergence(results)["methods"].items() if m["status"] != "ok"}
     reason = "" if not bad else "status " + ", ".join(f"{k}: {v}" for k, v in bad.items())
@@ -344,7 +364,7 @@ def plan(preset: str, selection: dict[str, Path], results_dir, overrides, code: 
 def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None = None,
               results_dir="results", work_dir=None, overrides=(), data_root=None, download: bool = False,
               device: str = "auto", notebooks: bool = True, force: bool = False, code_check: bool = True,
-              catalog: Path | None = None, progress: bool = True, jobs: int = 1) -> list[Outcome]:
+              catalog: Path | None = None, progress: bool = True, jobs: int = 1, reuse: bool = True) -> list[Outcome]:
     """Run the selected experiments (and then the notebooks) at ``preset``; returns one `Outcome` each.
 
     Args:
@@ -358,6 +378,8 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
             time its last run took, where known.
         jobs: experiments (then notebooks) run at once, each in its own process with
             ``cores // jobs`` threads; results are the same as with one job (every run is seeded).
+        reuse: an experiment started afresh takes the finished stages another run folder of ``work_dir``
+            holds with the same settings, data and code (`pflkit.reuse`) instead of training them again.
     """
     if int(jobs) < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -383,7 +405,8 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
                    bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} elapsed, ~{remaining} left{postfix}")
         steps, total, count = iter(weights), len(todo) + len(jobs), 0
         runs = [(partial(run_one, cfg, work / cfg.name, compact_path(results_dir, preset, cfg.name), code=code,
-                         overrides=overrides, data_root=data_root, download=download), cfg.name) for cfg, _ in todo]
+                         overrides=overrides, data_root=data_root, download=download, reuse=reuse), cfg.name)
+                for cfg, _ in todo]
         params = {"device": device, "results_root": str(work.resolve()),
                   **({"data_root": str(data_root)} if data_root else {})}
         try:

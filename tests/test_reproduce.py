@@ -662,3 +662,91 @@ def test_the_batch_summary_names_a_finite_blow_up(batch, tmp_path, monkeypatch):
     out = rp.run_one(cfg, tmp_path / "work", tmp_path / "tiny_digits.json", code=None)
     assert (out.status, out.reason) == (rp.DONE, f"status {label}: diverged")
     assert json.loads((tmp_path / "tiny_digits.json").read_text())["methods"][label]["status"] == "ok"
+
+
+# ----------------------------------------------------------------------------- stages reused across experiments
+
+def _tiny_pair(catalog: Path, b_epochs: int = 1) -> None:
+    """tiny_a: Global + FT (BN C). tiny_b: the same Global, the same fine-tuning under another label
+    (with ``b_epochs`` = 1) and FT (BN G), which tiny_a does not have."""
+    write_tiny(catalog, "tiny_a")
+    b = write_tiny(catalog, "tiny_b", epochs=b_epochs)
+    text = b.read_text().replace('[methods."FT (BN C)"]', '[methods."FT C"]').replace('"FT (BN C)" =', '"FT C" =')
+    b.write_text(text + '\n[methods."FT (BN G)"]\nalgorithm = "finetune"\nbn = "global"\nepochs = 1\nlr = 0.01\n'
+                 'batch_size = 32\n')
+
+
+def _batch(root: Path, catalog: Path, only: str, **kw) -> dict:
+    rp.reproduce("smoke", only=only, results_dir=root / "results", work_dir=root / "work", catalog=catalog,
+                 notebooks=False, progress=False, **kw)
+    return json.loads((root / "results" / "smoke" / f"{only}.json").read_text())
+
+
+def _numbers(res: dict) -> dict:
+    return {k: (m["status"], m["per_client"], m["acc_mean"]) for k, m in res["methods"].items()}
+
+
+def test_a_stage_another_run_finished_with_the_same_settings_is_taken_not_trained(tmp_path):
+    catalog = tmp_path / "catalog"
+    _tiny_pair(catalog)
+    _batch(tmp_path / "shared", catalog, "tiny_a")
+    b = _batch(tmp_path / "shared", catalog, "tiny_b")
+    assert b["reused"] == {"Global": {"from": "tiny_a", "seeds": [0]}, "FT C": {"from": "tiny_a", "seeds": [0]}}
+    fresh = _batch(tmp_path / "alone", catalog, "tiny_b", reuse=False)
+    assert "reused" not in fresh
+    assert _numbers(b) == _numbers(fresh)  # client for client: the key holds everything a stage depends on
+    untimed = lambda h: {k: {s: [{f: v for f, v in r.items() if f != "seconds"} for r in rows]  # noqa: E731
+                             for s, rows in seeds.items()} for k, seeds in h.items()}
+    assert untimed(b["history"]) == untimed(fresh["history"])
+    from pflkit.report.reproduction import build_report
+    assert "Taken from `tiny_a`'s run (same settings, data and code, not trained again): `Global`, `FT C`." in \
+        build_report(tmp_path / "shared" / "results", catalog=catalog)
+
+
+def test_a_stage_is_taken_only_with_the_same_settings_code_and_data(tmp_path, monkeypatch):
+    catalog = tmp_path / "catalog"
+    _tiny_pair(catalog, b_epochs=2)  # tiny_b's fine-tuning differs: only the pretraining is the same
+    _batch(tmp_path, catalog, "tiny_a")
+    assert set(_batch(tmp_path, catalog, "tiny_b")["reused"]) == {"Global"}
+    donor = tmp_path / "work" / "tiny_a"
+    # a donor made by other code gives nothing
+    marker = json.loads((donor / rp.MARKER).read_text())
+    (donor / rp.MARKER).write_text(json.dumps({**marker, "code": {"pflkit": "0", "source": "other"}}))
+    shutil.rmtree(tmp_path / "work" / "tiny_b")  # tiny_b starts afresh (force: its result is up to date)
+    assert "reused" not in _batch(tmp_path, catalog, "tiny_b", force=True)
+    (donor / rp.MARKER).write_text(json.dumps(marker))
+    # a donor that read other data files: the runner refuses the seeded folder and the run starts over
+    run = json.loads((donor / "run.json").read_text())
+    run["fingerprint"]["data"]["files"] = [{"bytes": 1, "sha256": "0" * 64}]
+    (donor / "run.json").write_text(json.dumps(run))
+    shutil.rmtree(tmp_path / "work" / "tiny_b")
+    import pflkit.reuse
+
+    seeded, seed = [], pflkit.reuse.seed_from_donors
+    monkeypatch.setattr(pflkit.reuse, "seed_from_donors", lambda *a, **kw: seeded.append(seed(*a, **kw)) or seeded[-1])
+    again = _batch(tmp_path, catalog, "tiny_b", force=True)
+    assert list(seeded[0]) == ["Global"] and "reused" not in again  # seeded, then refused by the runner
+    assert _numbers(again) == _numbers(_batch(tmp_path / "alone", catalog, "tiny_b", reuse=False))
+
+
+def test_stage_keys_follow_what_a_stage_starts_from():
+    from pflkit.reuse import stage_keys
+
+    def fp(pre_lr=0.05, fedavg_lr=0.1, files="a"):
+        methods = [{"label": "FedAvg", "algorithm": "fedavg", "lr": fedavg_lr},
+                   {"label": "FT", "algorithm": "finetune", "lr": 0.01},
+                   {"label": "LG", "algorithm": "lgfedavg", "lr": 0.01, "start_from": "FedAvg"}]
+        return {"config": {"data": {"dataset": "digits"}, "model": {"name": "m"},
+                           "pretrain": {"label": "Global", "algorithm": "fedavg", "lr": pre_lr}, "methods": methods},
+                "data": {"name": "digits", "files": [{"bytes": 1, "sha256": files}]}}
+
+    base = stage_keys(fp())
+    renamed = fp()
+    renamed["config"]["methods"][1]["label"] = "FT (BN C)"
+    assert stage_keys(renamed)["FT (BN C)"] == base["FT"]  # a label is a name, not a setting
+    other_pre = stage_keys(fp(pre_lr=0.1))  # the pretrained model changes: so does what starts from it
+    assert (other_pre["Global"], other_pre["FT"]) != (base["Global"], base["FT"])
+    assert (other_pre["FedAvg"], other_pre["LG"]) == (base["FedAvg"], base["LG"])  # they do not start from it
+    other_up = stage_keys(fp(fedavg_lr=0.2))  # LG starts from FedAvg's model
+    assert other_up["LG"] != base["LG"] and other_up["FT"] == base["FT"]
+    assert set(stage_keys(fp(files="b")).values()).isdisjoint(base.values())  # other data files: nothing shared

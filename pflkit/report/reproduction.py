@@ -192,6 +192,15 @@ def _why_not_ok(res: dict) -> str:
     return f" ({'; '.join(why)})" if why else ""
 
 
+def _reused(res: dict) -> str:
+    """`` Taken from ...``: the stages the run took from another experiment's identical run (`pflkit.reuse`)."""
+    by_donor: dict[str, list[str]] = {}
+    for label, r in (res.get("reused") or {}).items():
+        by_donor.setdefault(r["from"], []).append(f"`{label}`")
+    return "".join(f" Taken from `{donor}`'s run (same settings, data and code, not trained again): "
+                   f"{', '.join(labels)}." for donor, labels in by_donor.items())
+
+
 def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     name = res["experiment"]
     if "methods" not in res:
@@ -206,6 +215,7 @@ def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     took = f", {took}" if took else ""
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**{_why_not_ok(res)}."
     bad += f" {STALE}; the command after `Reproduce` reruns it." if stale else ""
+    bad += _reused(res)
     found = _declared(name, "finding")
     bad += f" Finding: {found}" if found else ""
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "

@@ -1,0 +1,138 @@
+"""Finished stages one experiment of a batch takes from another's run instead of training them again.
+
+Experiment files of one paper often repeat a stage exactly: FedL2P's Table 5 rows hold the FT (BN C),
+FT (BN G) and FedL2P runs of Table 2 / 3 (the paper prints the same numbers), Table 8's IFT row is
+Table 3's FedL2P. A stage's outcome depends only on the data (its configuration and the files read),
+the model, the seed, its own settings and the stage it starts from (the pretrained model, or the
+method named in ``start_from``); the runner seeds every draw from the run seed and fixed keys, never
+from a stage's label or its place in the file. `stage_keys` digests exactly that, so two stages with
+the same key give the same record, client for client (`tests/test_reproduce.py` checks it against a
+fresh run).
+
+`seed_from_donors` copies the finished stages of matching keys from other run folders of the batch's
+work folder into a fresh one, with a ``run.json`` that the runner accepts only if the data it reads
+now are the donor's (`pflkit.runner.prepare_folder` compares the fingerprint; on a mismatch the
+batch starts the run over with nothing reused). A donor must have been made by the same code
+version. The compact result names every reused stage and its donor (``reused``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from pflkit.algorithms import get_algorithm
+from pflkit.io import read_json, slug, write_json
+from pflkit.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
+
+__all__ = ["stage_keys", "stage_files", "seed_from_donors"]
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def stage_keys(fp: dict) -> dict[str, str]:
+    """``{stage label: key}`` for a run fingerprint (`pflkit.runner.fingerprint`): the pretraining stage
+    and every method, keyed by the data (settings and files), the model, the stage's own settings less
+    its label, and the key of the stage it starts from."""
+    config = fp["config"]
+    common = {"data": config["data"], "model": config["model"], "files": fp.get("data"),
+              "pretrain_data": fp.get("pretrain_data"), "pretrain_weights": fp.get("pretrain_weights"),
+              "federation": fp.get("federation")}
+    keys: dict[str, str] = {}
+    pretrain = config.get("pretrain")
+    if pretrain:
+        keys[pretrain["label"]] = _digest({**common, "stage": {k: v for k, v in pretrain.items() if k != "label"}})
+    for m in config["methods"]:
+        if m.get("start_from"):
+            upstream = keys.get(m["start_from"])
+        elif pretrain and get_algorithm(m["algorithm"]).needs_pretrained:
+            upstream = keys[pretrain["label"]]
+        else:
+            upstream = None
+        own = {k: v for k, v in m.items() if k not in ("label", "start_from")}
+        keys[m["label"]] = _digest({**common, "stage": own, "upstream": upstream})
+    return keys
+
+
+def stage_files(seed_dir: Path, label: str) -> list[Path]:
+    """The files a finished stage left in one seed folder: its record, report, exported weights, kept
+    final states and, for a pretraining stage with its own federation, the ``pretrain/`` folder."""
+    name = slug(label)
+    files = [seed_dir / f"{name}{ext}" for ext in (".json", ".report.json", ".weights.pt", FINAL_STATES)]
+    return [p for p in files if p.exists()] + ([seed_dir / "pretrain"] if (seed_dir / "pretrain").is_dir()
+                                              and (seed_dir / "pretrain" / f"{name}.json").exists() else [])
+
+
+def _finished(seed_dir: Path, label: str, keep_states: bool) -> bool:
+    name = slug(label)
+    return ((seed_dir / f"{name}.json").exists() and not (seed_dir / f"{name}.ckpt").exists()
+            and (not keep_states or (seed_dir / f"{name}{FINAL_STATES}").exists()))
+
+
+def target_fingerprint(cfg, donor_fp: dict) -> dict:
+    """The fingerprint ``cfg`` will have if it reads the donor's data: its own configuration with the
+    donor's record of the files (the runner recomputes it and refuses the folder if they differ)."""
+    config = json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED},
+                                   default=str))
+    return {"config": config, **{k: v for k, v in donor_fp.items() if k != "config"}}
+
+
+def _donors(work: Path, folder: Path, code, marker_name: str) -> list[tuple[str, dict, Path]]:
+    """(experiment, run fingerprint, folder) of every other run folder in ``work`` whose batch record
+    (``marker_name``) says it was made by ``code``."""
+    out = []
+    for other in sorted(p for p in work.iterdir() if p.is_dir() and p != folder) if work.is_dir() else []:
+        try:
+            marker, run = read_json(other / marker_name), read_json(other / RUN_FILE)
+        except (OSError, ValueError):
+            continue
+        if marker.get("code") == code and "fingerprint" in run:
+            out.append((other.name, run["fingerprint"], other))
+    return out
+
+
+def _matches(cfg, donor_fp: dict, donor: Path, keep_states: bool) -> tuple[dict, dict[str, dict]]:
+    """(``cfg``'s fingerprint with the donor's data, ``{label: {"label": donor's label, "seeds": [...]}}``)."""
+    fp = target_fingerprint(cfg, donor_fp)
+    by_key = {key: label for label, key in stage_keys(donor_fp).items()}
+    seeds = [cfg.seed + k for k in range(cfg.seeds)]
+    taken = {}
+    for label, key in stage_keys(fp).items():
+        source = by_key.get(key)
+        have = [s for s in seeds if source and _finished(donor / f"seed{s}", source, keep_states)]
+        if have:
+            taken[label] = {"label": source, "seeds": have}
+    return fp, taken
+
+
+def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool = False) -> dict[str, dict]:
+    """Start the run folder ``folder`` over with the finished stages that another run folder of its
+    parent (the batch's work folder) holds under the same key, seed by seed, from the donor that has the
+    most of them; returns ``{label: {"from": experiment, "seeds": [...]}}`` (empty, and ``folder``
+    untouched, when nothing matches).
+
+    The donor's data record goes into ``folder``'s ``run.json`` together with ``cfg``'s settings, so the
+    runner resumes the folder only when it reads the same data files. ``marker``: the file name of the
+    batch's record of each folder's configuration and code (`pflkit.reproduce.MARKER`). ``keep_states``:
+    a stage is taken only with its final states (the notebooks of `pflkit.reproduce.KEEP_STATES` read them).
+    """
+    found = [(name, donor, *_matches(cfg, donor_fp, donor, keep_states))
+             for name, donor_fp, donor in _donors(folder.parent, folder, code, marker)]
+    found = [f for f in found if f[3]]
+    if not found:
+        return {}
+    name, donor, fp, taken = max(found, key=lambda f: sum(len(t["seeds"]) for t in f[3].values()))
+    clear_run(folder)  # whatever an earlier run of other settings left there
+    for label, t in taken.items():
+        for s in t["seeds"]:
+            seed_dir = folder / f"seed{s}"
+            seed_dir.mkdir(parents=True, exist_ok=True)
+            for path in stage_files(donor / f"seed{s}", t["label"]):
+                if path.is_dir():
+                    shutil.copytree(path, seed_dir / path.name, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(path, seed_dir / path.name.replace(slug(t["label"]), slug(label), 1))
+    write_json(folder / RUN_FILE, {"fingerprint": fp, "hash": fingerprint_hash(fp)})
+    return {label: {"from": name, "seeds": t["seeds"]} for label, t in taken.items()}
