@@ -6,6 +6,8 @@ the published number; the per-round history; the resolved config and declared de
 version (`pflkit.reproduce.code_version`) and configuration digest the batch compares to skip it;
 the data files' names, sizes and sha256 (no machine's folders); and a short form of each method's
 per-seed report (FedL2P's beta and sparsity per client, the ARI of Table 6). No checkpoints or weights.
+The batch adds ``reused`` when the run took finished stages from another experiment's identical run
+(`pflkit.reuse`): ``{label: {"from": experiment, "seeds": [...]}}``.
 """
 from __future__ import annotations
 
