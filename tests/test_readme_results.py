@@ -55,6 +55,10 @@ def test_the_report_gives_a_resumed_runs_time_over_all_its_stages():
     # a run in one go: its stages take about its wall time (data loading and reports on top)
     assert run_time({"timing": {"wall_seconds": 2534.9, "total_seconds": 2525.2}}) == "42.2 min"
     assert run_time({}) == ""
+    # stages taken from another experiment's run count in its stages' time, not in this run's
+    assert run_time({"timing": {"wall_seconds": 1087.2, "total_seconds": 4462.6},
+                     "reused": {"FedL2P": {"from": "x", "seeds": [0]}}}) == \
+        "18.1 min here; 74.4 min over its stages with those taken from another run"
 
 
 def test_sync_fills_then_detects_a_changed_number(tmp_path):
