@@ -59,7 +59,8 @@ REUSED = "reused.json"  # in a work folder: the stages its run took from another
 # mix-and-match (Fig. 3) and pFedHN's client embeddings (Fig. 4). Kept in the work folder only, so the notebook
 # reads them instead of training the same model again
 KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
-# parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine)
+# parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
+# and its stage reuse)
 NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py", "reuse.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
