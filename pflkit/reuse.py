@@ -17,7 +17,6 @@ version. The compact result names every reused stage and its donor (``reused``).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -27,10 +26,6 @@ from pflkit.io import read_json, slug, write_json
 from pflkit.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
 
 __all__ = ["stage_keys", "stage_files", "seed_from_donors"]
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
 
 def stage_keys(fp: dict) -> dict[str, str]:
     """``{stage label: key}`` for a run fingerprint (`pflkit.runner.fingerprint`): the pretraining stage
@@ -43,7 +38,8 @@ def stage_keys(fp: dict) -> dict[str, str]:
     keys: dict[str, str] = {}
     pretrain = config.get("pretrain")
     if pretrain:
-        keys[pretrain["label"]] = _digest({**common, "stage": {k: v for k, v in pretrain.items() if k != "label"}})
+        own = {k: v for k, v in pretrain.items() if k != "label"}
+        keys[pretrain["label"]] = fingerprint_hash({**common, "stage": own})
     for m in config["methods"]:
         if m.get("start_from"):
             upstream = keys.get(m["start_from"])
@@ -52,7 +48,7 @@ def stage_keys(fp: dict) -> dict[str, str]:
         else:
             upstream = None
         own = {k: v for k, v in m.items() if k not in ("label", "start_from")}
-        keys[m["label"]] = _digest({**common, "stage": own, "upstream": upstream})
+        keys[m["label"]] = fingerprint_hash({**common, "stage": own, "upstream": upstream})
     return keys
 
 

@@ -121,23 +121,36 @@ def test_linear_spectral_norms_read_the_raw_weight_of_a_normalized_layer():
     assert float(torch.linalg.matrix_norm(weight.detach(), ord=2)) == pytest.approx(1.0, abs=1e-3)
 
 
+def _lenet_targets() -> dict:
+    """The shapes pFedHN's hypernetwork emits for the authors' CIFAR-10 LeNet (width 16)."""
+    from pflkit.models import build_model
+
+    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def _share_at_init(num_clients: int, **kwargs) -> dict:
+    """`personal_share` of a freshly built hypernetwork (seed 0) over its ``num_clients`` clients."""
+    from pflkit.algorithms.hypernet import HyperNetwork
+    from pflkit.analysis.pfedhn import personal_share
+
+    torch.manual_seed(0)
+    net = HyperNetwork(num_clients, _lenet_targets(), **kwargs).eval()
+    with torch.no_grad():
+        return personal_share([net(i) for i in range(num_clients)])
+
+
 def test_spectral_norm_leaves_the_generated_weights_nearly_shared_at_init():
     """Table 4's SN rows (pfedhn_table4_sn_*, `[experiment] finding`): normalizing the heads divides their
     client-dependent output by sigma (up to ~18 for LeNet's fc1 head) while the heads' biases, shared by
     all clients, are left as they are; so at init SN's models are nearly one shared model."""
     from pflkit.algorithms.hypernet import HyperNetwork, default_embed_dim
-    from pflkit.analysis.pfedhn import linear_spectral_norms, personal_share
-    from pflkit.models import build_model
+    from pflkit.analysis.pfedhn import linear_spectral_norms
 
-    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
-    targets = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    shares, sigma = {}, {}
-    for sn in (False, True):
-        torch.manual_seed(0)
-        net = HyperNetwork(10, targets, embed_dim=default_embed_dim(10), spectral_norm=sn).eval()
-        with torch.no_grad():
-            shares[sn] = personal_share([net(i) for i in range(10)])
-        sigma[sn] = linear_spectral_norms(net)
+    targets = _lenet_targets()
+    shares = {sn: _share_at_init(10, embed_dim=default_embed_dim(10), spectral_norm=sn) for sn in (False, True)}
+    sigma = {sn: linear_spectral_norms(HyperNetwork(10, targets, embed_dim=default_embed_dim(10), spectral_norm=sn))
+             for sn in (False, True)}
     assert min(sigma[False]["heads.fc1__weight"], sigma[True]["heads.fc1__weight"]) > 10
     for name in targets:
         if name.endswith("weight"):
@@ -149,21 +162,9 @@ def test_class_proportion_embeddings_start_less_personal_than_learned_ones():
     """App. C.5 (pfedhn_appc5_fixed_embeddings, `[experiment] finding`): a client's class proportions
     p_hat (norm <= 1) feed the trunk a smaller, less varied input than the N(0, 1) rows of a learned
     embedding (norm ~ sqrt(d)), so the client-dependent part of the generated weights starts smaller."""
-    from pflkit.algorithms.hypernet import HyperNetwork
-    from pflkit.analysis.pfedhn import personal_share
-    from pflkit.models import build_model
-
-    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
-    targets = {n: tuple(p.shape) for n, p in model.named_parameters()}
     p_hat = torch.tensor(np.random.default_rng(0).dirichlet([0.1] * 10, size=50), dtype=torch.float32)
-    torch.manual_seed(0)
-    learned = HyperNetwork(50, targets, embed_dim=10).eval()
-    torch.manual_seed(0)
-    fixed = HyperNetwork(50, targets, fixed_embeddings=p_hat).eval()
-    with torch.no_grad():
-        a = personal_share([learned(i) for i in range(50)])
-        b = personal_share([fixed(i) for i in range(50)])
-    for name in targets:
+    a, b = _share_at_init(50, embed_dim=10), _share_at_init(50, fixed_embeddings=p_hat)
+    for name in _lenet_targets():
         if name.endswith("weight"):
             assert b[name] < 0.5 * a[name], name
 
@@ -172,17 +173,8 @@ def test_each_trunk_layer_shrinks_the_personal_part_at_init():
     """App. C.2.3 (pfedhn_ablation_depth, `[experiment] finding`): every ReLU + Linear(100, 100) block of
     the trunk, at PyTorch's default init, shrinks the client-dependent part of the generated weights
     (about 2.3x a block), while the heads' shared biases stay as they are."""
-    from pflkit.algorithms.hypernet import HyperNetwork, default_embed_dim
-    from pflkit.analysis.pfedhn import personal_share
-    from pflkit.models import build_model
+    from pflkit.algorithms.hypernet import default_embed_dim
 
-    model = build_model("lenet", num_classes=10, input_shape=(3, 32, 32), width=16)
-    targets = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    share = []
-    for depth in range(1, 6):
-        torch.manual_seed(0)
-        net = HyperNetwork(50, targets, embed_dim=default_embed_dim(50), depth=depth).eval()
-        with torch.no_grad():
-            share.append(personal_share([net(i) for i in range(50)])["fc1.weight"])
+    share = [_share_at_init(50, embed_dim=default_embed_dim(50), depth=depth)["fc1.weight"] for depth in range(1, 6)]
     assert all(1.5 < a / b < 4 for a, b in zip(share, share[1:])), share
     assert share[0] > 0.5 and share[-1] < 0.06, share
