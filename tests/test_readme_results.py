@@ -61,6 +61,21 @@ def test_the_report_gives_a_resumed_runs_time_over_all_its_stages():
         "18.1 min here; 74.4 min over its stages with those taken from another run"
 
 
+def test_the_batch_time_counts_each_runs_own_time_once():
+    from pflkit.report.reproduction import batch_time, own_seconds
+
+    resumed = {"experiment": "a", "timing": {"wall_seconds": 600.0, "total_seconds": 4500.0}}
+    reusing = {"experiment": "b", "timing": {"wall_seconds": 1800.0, "total_seconds": 9000.0},
+               "reused": {"FedL2P": {"from": "a", "seeds": [0]}}}
+    untimed = {"experiment": "c"}
+    assert (own_seconds(resumed), own_seconds(reusing), own_seconds(untimed)) == (4500.0, 1800.0, 0.0)
+    # 4500 + 1800 s = 1.75 h; the 7200 s b's reused stages took are a's, not counted again
+    assert batch_time([resumed, reusing, untimed]) == (
+        "Time here: the 2 runs took 1.8 h in all (the sum of each run's own time; a stage taken from another run "
+        "counts once); the longest, `a`, 1.2 h.")
+    assert batch_time([untimed]) == ""
+
+
 def test_sync_fills_then_detects_a_changed_number(tmp_path):
     write(tmp_path, "cpu", compact("exp_a", {"FedAvg": ok(50.0)}))
     readme = tmp_path / "README.md"

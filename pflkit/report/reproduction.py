@@ -189,6 +189,26 @@ def run_time(res: dict, decimals: int = 1) -> str:
     return f"{wall / 60:.{decimals}f} min"
 
 
+def own_seconds(res: dict) -> float:
+    """The compute one run spent itself: all its stages' time when it was resumed, its wall time when it
+    took stages from another run (those count in that run), 0 when the result records no timing."""
+    timing = res.get("timing") or {}
+    wall, stages = timing.get("wall_seconds") or 0.0, timing.get("total_seconds") or 0.0
+    return wall if res.get("reused") else max(wall, stages)
+
+
+def batch_time(results) -> str:
+    """One sentence: what the runs of ``results`` took in all (`own_seconds` summed, so a stage two
+    experiments share counts once) and the longest of them; "" when none records a time."""
+    timed = sorted(((own_seconds(r), r["experiment"]) for r in results if own_seconds(r) > 0), reverse=True)
+    if not timed:
+        return ""
+    total = sum(s for s, _ in timed)
+    return (f"Time here: the {len(timed)} runs took {total / 3600:.1f} h in all (the sum of each run's own time; "
+            f"a stage taken from another run counts once); the longest, `{timed[0][1]}`, "
+            f"{timed[0][0] / 3600:.1f} h.")
+
+
 def _why_not_ok(res: dict) -> str:
     """`` (method: error; ...)`` for each method of ``res`` that is not ``ok`` and says why, else ""."""
     why = [f"{k}: {m['error']}" for k, m in res.get("methods", {}).items()
@@ -261,8 +281,9 @@ def preset_section(preset: str, results: dict[str, dict], status: dict, catalog:
     rows = {**catalog, **results}
     done = sum("methods" in r for r in rows.values())
     old = f" {len(stale)} of them {'is' if len(stale) == 1 else 'are'} out of date (marked below)." if stale else ""
-    out = [f"## Preset `{preset}`", "", f"{done} of {len(rows)} experiments have results at this preset.{old}", "",
-           claims_section(rows)]
+    took = batch_time(r for r in rows.values() if "methods" in r)
+    out = [f"## Preset `{preset}`", "", f"{done} of {len(rows)} experiments have results at this preset.{old}",
+           *([took] if took else []), "", claims_section(rows)]
     if stale:
         names = ", ".join(f"`{n}`" for n in sorted(stale, key=_natural))
         out += [f"Out of date (their experiment files have changed since they ran; a claim that reads them reads "
