@@ -377,6 +377,24 @@ def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
     assert cl.fedl2p_matches_best_ft({"fedl2p_x": result({"FedL2P": method(80)})}).verdict == "not run"
 
 
+@pytest.mark.parametrize("betas, kept, named", [([0.5, 0.4, 0.1, 0.0], 2, True),   # kept early, 0.4 further
+                                                 ([0.5, 0.4, 0.1, 0.0], 4, False),  # kept the last round
+                                                 ([0.5, 0.4, 0.3, 0.25], 2, False)])  # 0.15 further only
+def test_claim_fedl2p_matches_best_ft_names_an_early_kept_round(betas, kept, named):
+    """A failed row whose kept round holds a beta further from the best FT's (FT (BN G): 0) than training
+    ended with is named with that round and both betas; FT (BN C)'s beta is 1."""
+    res = {"fedl2p_table3_digits_a1000": with_beta_history(fedl2p_row(60, 50, 70, dataset="digit_domains"),
+                                                           [betas], [kept]),
+           "fedl2p_table3_cifar10c_a0p5": with_beta_history(fedl2p_row(60, 70, 50, dataset="cifar10c"),
+                                                            [[0.2, 0.5, 0.9]], [1])}
+    c = cl.fedl2p_matches_best_ft(res)
+    assert c.verdict == "fails"
+    cifar = "fedl2p_table3_cifar10c_a0p5 round 1 of 3, beta 0.20 (last 0.90; FT (BN C) 1)"
+    digits = f"fedl2p_table3_digits_a1000 round 2 of 4, beta 0.40 (last {betas[-1]:.2f}; FT (BN G) 0)"
+    assert f"in {1 + named} of the 2 the lambda kept" in c.reason and cifar in c.reason, c.reason
+    assert (digits in c.reason) == named, c.reason
+
+
 @pytest.mark.parametrize("ari, verdict", [(0.9, "holds"), (0.2, "fails"), (None, "not run")])
 def test_claim_lrnet_input_ari(ari, verdict):
     row = fedl2p_row(80, 70, 75, dataset="digit_domains", scheme="domains", ari=ari)
