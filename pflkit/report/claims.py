@@ -249,16 +249,18 @@ def _bn_premise(runs: list[dict], kind: str, *, prefers_local: bool) -> list[str
             f"premise of the paper's figure does not hold at this preset"]
 
 
-def _beta_rounds(res: dict, label: str = "FedL2P") -> list[tuple[int, int, float, float]]:
+def _beta_rounds(res: dict, label: str = "FedL2P") -> list[tuple[int, int, float, float, float | None]]:
     """Per seed of ``label`` with a kept round: (kept round, rounds run, beta in round 1, beta in the last
-    round), beta being the history's ``client_beta_mean`` (BNNet's mean beta on that round's clients)."""
+    round, beta in the kept round or None), beta being the history's ``client_beta_mean`` (BNNet's mean
+    beta on that round's clients)."""
     kept = (res.get("methods", {}).get(label) or {}).get("best_round") or []
     seeds = ((res.get("history") or {}).get(label) or {}).values()
     out = []
     for best, rows in zip(kept, seeds):
         betas = [r["client_beta_mean"] for r in rows or [] if r.get("client_beta_mean") is not None]
         if best and betas:
-            out.append((int(best), len(rows), betas[0], betas[-1]))
+            at_kept = rows[int(best) - 1].get("client_beta_mean") if int(best) <= len(rows) else None
+            out.append((int(best), len(rows), betas[0], betas[-1], at_kept))
     return out
 
 
@@ -270,7 +272,7 @@ def _kept_round(runs: list[dict], kind: str, kept_beta: float, *, toward_zero: b
     if not rows:
         return []
     kept, total = (statistics.median(v) for v in zip(*(r[:2] for r in rows)))
-    first, last = (sum(v) / len(rows) for v in zip(*(r[2:] for r in rows)))
+    first, last = (sum(v) / len(rows) for v in zip(*(r[2:4] for r in rows)))
     if (last < kept_beta) != toward_zero:
         return []
     return [f"the {kind}-shift lambda kept is the one of the round with the lowest validation loss of its sampled "
@@ -336,15 +338,12 @@ def _kept_away(results: Results, failed) -> str:
     least `KEPT_DRIFT` further from the FT's beta are named."""
     away = []
     for name, _, rival, _ in failed:
-        target = FT_BETA.get(rival)
-        rows = next(iter(((results[name].get("history") or {}).get("FedL2P") or {}).values()), None) or []
-        kept = ((results[name].get("methods", {}).get("FedL2P") or {}).get("best_round") or [None])[0]
-        betas = [r.get("client_beta_mean") for r in rows]
-        if target is None or not kept or kept >= len(rows) or None in (betas[kept - 1], betas[-1]):
+        target, seeds = FT_BETA.get(rival), _beta_rounds(results[name])
+        if target is None or not seeds:
             continue
-        if abs(betas[kept - 1] - target) - abs(betas[-1] - target) >= KEPT_DRIFT:
-            away.append(f"{name} round {kept} of {len(rows)}, beta {betas[kept - 1]:.2f} (last {betas[-1]:.2f}; "
-                        f"{rival} {target:g})")
+        kept, total, _, last, at_kept = seeds[0]
+        if kept < total and at_kept is not None and abs(at_kept - target) - abs(last - target) >= KEPT_DRIFT:
+            away.append(f"{name} round {kept} of {total}, beta {at_kept:.2f} (last {last:.2f}; {rival} {target:g})")
     if not away:
         return ""
     return (f"; in {len(away)} of the {len(failed)} the lambda kept (the round with the lowest validation loss of "

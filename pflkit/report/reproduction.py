@@ -200,7 +200,7 @@ def own_seconds(res: dict) -> float:
 def batch_time(results) -> str:
     """One sentence: what the runs of ``results`` took in all (`own_seconds` summed, so a stage two
     experiments share counts once) and the longest of them; "" when none records a time."""
-    timed = sorted(((own_seconds(r), r["experiment"]) for r in results if own_seconds(r) > 0), reverse=True)
+    timed = [t for t in sorted(((own_seconds(r), r["experiment"]) for r in results), reverse=True) if t[0] > 0]
     if not timed:
         return ""
     total = sum(s for s, _ in timed)
