@@ -76,6 +76,24 @@ def test_the_batch_time_counts_each_runs_own_time_once():
     assert batch_time([untimed]) == ""
 
 
+def test_hardware_names_the_gpu_else_the_cpus_instruction_set_and_counts_a_mix():
+    from pflkit.report.reproduction import _row_note, hardware, hardware_mix
+
+    gpu = {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "cpu_capability": "AVX512"}}
+    avx2 = {"environment": {"gpu": None, "cpu_capability": "AVX2"}}
+    avx512 = {"environment": {"gpu": None, "cpu_capability": "AVX512"}}
+    assert [hardware(r) for r in (gpu, avx2, avx512, {})] == \
+        ["NVIDIA H100 80GB HBM3", "a CPU with AVX2", "a CPU with AVX512", ""]
+    assert hardware_mix([avx2, avx512, avx512, {}]) == (
+        "Hardware: 2 on a CPU with AVX512, 1 on a CPU with AVX2, 1 not recorded. Each changes the float rounding, "
+        "which training amplifies, so a rerun on other hardware differs from a row by run-to-run noise.")
+    # one kind of hardware (what is not recorded aside): nothing to warn about
+    assert hardware_mix([avx2, avx2, {}]) == ""
+    row = {**compact("exp_a", {"FedAvg": ok(50.0)}), **avx512}
+    assert "Run with pflkit ?, on a CPU with AVX512, 10.0 min." in _row_note(row, {})
+    assert "Run with pflkit ?, 10.0 min." in _row_note(compact("exp_a", {"FedAvg": ok(50.0)}), {})
+
+
 def test_sync_fills_then_detects_a_changed_number(tmp_path):
     write(tmp_path, "cpu", compact("exp_a", {"FedAvg": ok(50.0)}))
     readme = tmp_path / "README.md"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from pathlib import Path
 
 from pflkit.io import atomic_write, read_json
@@ -209,6 +210,27 @@ def batch_time(results) -> str:
             f"{timed[0][0] / 3600:.1f} h.")
 
 
+def hardware(res: dict) -> str:
+    """What a run ran on, from its ``environment``: the GPU's name, else ``a CPU with AVX512`` (the vector
+    instruction set torch's kernels used), "" when the result does not record it."""
+    env = res.get("environment") or {}
+    if env.get("gpu"):
+        return str(env["gpu"])
+    return f"a CPU with {env['cpu_capability']}" if env.get("cpu_capability") else ""
+
+
+def hardware_mix(results) -> str:
+    """One sentence when the runs of ``results`` ran on more than one kind of hardware (`hardware`): how
+    many on each, and why it matters; "" otherwise."""
+    kinds = Counter(hardware(r) for r in results)
+    known = sorted(((n, k) for k, n in kinds.items() if k), reverse=True)
+    if len(known) < 2:
+        return ""
+    parts = [f"{n} on {k}" for n, k in known] + ([f"{kinds['']} not recorded"] if kinds[""] else [])
+    return (f"Hardware: {', '.join(parts)}. Each changes the float rounding, which training amplifies, so a rerun "
+            "on other hardware differs from a row by run-to-run noise.")
+
+
 def _why_not_ok(res: dict) -> str:
     """`` (method: error; ...)`` for each method of ``res`` that is not ``ok`` and says why, else ""."""
     why = [f"{k}: {m['error']}" for k, m in res.get("methods", {}).items()
@@ -237,6 +259,8 @@ def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     commit = f", commit {ver['git'][:10]}" if ver.get("git") else ""
     took = run_time(res)
     took = f", {took}" if took else ""
+    on = hardware(res)
+    took = f", on {on}{took}" if on else took
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**{_why_not_ok(res)}."
     bad += f" {STALE}; the command after `Reproduce` reruns it." if stale else ""
     bad += _reused(res)
@@ -281,9 +305,10 @@ def preset_section(preset: str, results: dict[str, dict], status: dict, catalog:
     rows = {**catalog, **results}
     done = sum("methods" in r for r in rows.values())
     old = f" {len(stale)} of them {'is' if len(stale) == 1 else 'are'} out of date (marked below)." if stale else ""
-    took = batch_time(r for r in rows.values() if "methods" in r)
+    ran = [r for r in rows.values() if "methods" in r]
+    took = [line for line in (batch_time(ran), hardware_mix(ran)) if line]
     out = [f"## Preset `{preset}`", "", f"{done} of {len(rows)} experiments have results at this preset.{old}",
-           *([took] if took else []), "", claims_section(rows)]
+           *took, "", claims_section(rows)]
     if stale:
         names = ", ".join(f"`{n}`" for n in sorted(stale, key=_natural))
         out += [f"Out of date (their experiment files have changed since they ran; a claim that reads them reads "
