@@ -328,6 +328,37 @@ def test_claim_fedl2p_beta_counts_a_repeated_run_once(repeat_beta, counted):
     assert (note in c.ours) == (not counted), c.ours
 
 
+def with_client_betas(res: dict, betas: list[float], xi_ari: float | None = None) -> dict:
+    """``res`` with the clients' kept beta (and the ARI of BNNet's input) in seed 0's analysis."""
+    seed = res["analysis"]["FedL2P"]["seeds"][0]
+    seed["beta_per_client"] = betas
+    if xi_ari is not None:
+        seed["ari"] = {**seed.get("ari", {}), "xi": xi_ari}
+    return res
+
+
+@pytest.mark.parametrize("span, verdict", [(0.3, "holds"), (0.125, "holds"), (0.0625, "fails"), (0.004, "fails")])
+def test_claim_fedl2p_beta_per_client_reads_the_widest_feature_shift_span(span, verdict):
+    """The clients' beta must spread in at least one feature-shift run; a label-shift run's spread does not count."""
+    res = {"fedl2p_table3_cifar10c_a0p5": with_client_betas(
+               fedl2p_row(70, 60, 65, dataset="cifar10c", beta=0.5), [0.25, 0.25 + span / 2, 0.25 + span], xi_ari=0.9),
+           "fedl2p_table3_digits_a0p5": with_client_betas(
+               fedl2p_row(70, 60, 65, dataset="digit_domains", beta=0.1), [0.1, 0.101], xi_ari=1.0),
+           "fedl2p_table2_a0p1_e5": with_client_betas(fedl2p_row(70, 60, 65, beta=0.2), [0.0, 0.9])}
+    c = cl.fedl2p_beta_per_client(res)
+    assert c.verdict == verdict, c
+    assert f"widest span of the clients' beta {span:.4f} (fedl2p_table3_cifar10c_a0p5), in 2 feature-shift runs" \
+        in c.ours, c.ours
+    explained = "although its input xi separates the domains (ARI of xi 0.90-1.00)"
+    assert (explained in c.reason) == (verdict == "fails"), c.reason
+
+
+def test_claim_fedl2p_beta_per_client_not_run_without_client_betas():
+    res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=0.5),
+           "fedl2p_table2_a0p1_e5": with_client_betas(fedl2p_row(70, 60, 65, beta=0.2), [0.0, 0.9])}
+    assert cl.fedl2p_beta_per_client(res).verdict == "not run"
+
+
 def with_beta_history(res: dict, betas_per_seed: list[list[float]], kept: list[int]) -> dict:
     """``res`` with FedL2P's per-round history (``client_beta_mean``) and kept round per seed."""
     res["methods"]["FedL2P"]["best_round"] = kept
