@@ -427,6 +427,8 @@ def fedl2p_beta_per_client(results: Results) -> ClaimResult:
     if aris:
         reason += (f", although its input xi separates the domains (ARI of xi {min(aris):.2f}-{max(aris):.2f}): "
                    "the spread is missing in BNNet's output, not in its input")
+    reason += ("; App. E's init (Xavier gain 0.1 in all three layers) makes BNNet's output move about 1e-4 per "
+               "unit of input (`pflkit.meta.metanets.input_sensitivity`; `hidden_gain`, not the paper's, raises it)")
     return _result(fedl2p_beta_per_client, FAILS, paper_value, ours, reason)
 
 
