@@ -410,18 +410,17 @@ def fedl2p_beta_per_client(results: Results) -> ClaimResult:
     the clients' kept beta spans at least `BETA_SPREAD`; when none does and BNNet's input separates the
     domains (ARI of xi), the reason says so: the spread is missing in BNNet's output, not in its input."""
     paper_value = "beta spread across clients (Fig. 2b, 4)"
-    runs, _ = _distinct([(n, r) for n, r in _matching(results, "fedl2p_*")
-                         if _shift(r) == "feature" and _beta_spread(r) is not None])
-    if not runs:
+    runs, _ = _distinct([(n, r) for n, r in _matching(results, "fedl2p_*") if _shift(r) == "feature"])
+    spans = sorted(((span, n) for n, r in runs if (span := _beta_spread(r)) is not None), reverse=True)
+    if not spans:
         return _result(fedl2p_beta_per_client, NOT_RUN, paper_value, "-",
                        "no feature-shift FedL2P run records its clients' beta")
-    spans = sorted(((_beta_spread(r), n) for n, r in runs), reverse=True)
     widest, name = spans[0]
-    ours = f"widest span of the clients' beta {widest:.4f} ({name}), in {len(runs)} feature-shift runs"
+    ours = f"widest span of the clients' beta {widest:.4f} ({name}), in {len(spans)} feature-shift runs"
     if widest >= BETA_SPREAD:
         wide = [n for v, n in spans if v >= BETA_SPREAD]
         return _result(fedl2p_beta_per_client, HOLDS, paper_value, ours,
-                       f"span >= {BETA_SPREAD} in {len(wide)} of {len(runs)}: {', '.join(wide)}")
+                       f"span >= {BETA_SPREAD} in {len(wide)} of {len(spans)}: {', '.join(wide)}")
     reason = f"every span < {BETA_SPREAD}: BNNet gives all clients of a run about the same beta"
     aris = _xi_ari(runs)
     if aris:
