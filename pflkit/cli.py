@@ -144,6 +144,35 @@ def _cmd_reproduce(args) -> int:
     return 3 if any(o.status == FAILED for o in outcomes) else 0
 
 
+def _setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as TOML (``psi=0.001``, ``lt_mode="lookahead"``; a bare word is a string)."""
+    import tomllib
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key.strip(), value
+
+
+def _cmd_check_hypergradient(args) -> int:
+    """FedL2P's first meta step on a saved run, taken apart (`pflkit.neumann_check`)."""
+    import json
+
+    from pflkit.neumann_check import format_rows, run_step_check
+
+    changes = dict(args.set or [])
+    rows = run_step_check(args.name, args.run, preset=args.preset, clients=args.clients, seed=args.seed,
+                          changes=changes, power_steps=args.power_steps, data_root=args.data_root)
+    print(format_rows(rows, rows[0]["psi"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _cmd_pack(args) -> int:
     from pflkit.data.pack import pack
 
@@ -224,6 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --report: regenerate this file's results tables from --results (default: README.md "
                         "when --results is the default results/)")
     p.set_defaults(fn=_cmd_reproduce)
+    p = sub.add_parser("check-hypergradient",
+                       help="FedL2P: does a saved run's first meta step follow d L_V / d lambda? (Neumann series, "
+                            "Hessian, the exact unrolled gradient)")
+    p.add_argument("name", help="the catalog experiment the run was made from")
+    p.add_argument("--run", required=True, help="the run's folder (pflkit run --out, or reproduce's --work/NAME)")
+    p.add_argument("--preset", default="cpu", choices=["smoke", "cpu", "paper"], help="the run's preset")
+    p.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
+    p.add_argument("--clients", type=_positive_int, default=4, help="seen clients to check (default 4)")
+    p.add_argument("--power-steps", type=_positive_int, default=50, help="Hessian-vector products of the power "
+                   "iteration (default 50)")
+    p.add_argument("--set", action="append", type=_setting, metavar="KEY=VALUE",
+                   help="replace a FedL2P setting for the check, e.g. psi=0.001 (repeatable)")
+    p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
+    p.add_argument("--json", help="also write the rows to this file")
+    p.set_defaults(fn=_cmd_check_hypergradient)
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True)
     q = dsub.add_parser("pack", help="write a dataset as an offline .npz")

@@ -60,8 +60,9 @@ REUSED = "reused.json"  # in a work folder: the stages its run took from another
 # reads them instead of training the same model again
 KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
-# and its stage reuse)
-NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py", "reuse.py")
+# and its stage reuse, the hypergradient check)
+NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py", "reuse.py",
+                "neumann_check.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 

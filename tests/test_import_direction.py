@@ -14,7 +14,8 @@ PACKAGE = Path(pflkit.__file__).parent
 TRAINING = ("pflkit.fl.loop", "pflkit.runner", "pflkit.algorithms", "pflkit.flower", "pflkit.reproduce",
             "pflkit.pretraining", "pflkit.stages")
 ABOVE_ALGORITHMS = ("pflkit.experiments", "pflkit.runner", "pflkit.report", "pflkit.analysis", "pflkit.flower",
-                    "pflkit.notebooks", "pflkit.reproduce", "pflkit.reuse", "pflkit.cli", "pflkit.pretraining", "pflkit.stages")
+                    "pflkit.notebooks", "pflkit.reproduce", "pflkit.reuse", "pflkit.cli", "pflkit.pretraining", "pflkit.stages",
+                    "pflkit.neumann_check")
 
 # package (or module) prefix -> prefixes it must not import
 FORBIDDEN = {
