@@ -435,6 +435,26 @@ def test_claim_lrnet_input_ari(ari, verdict):
     assert "0.72" in c.paper_value  # Table 6, DomainNet alpha = 0.5, LRNet input
 
 
+@pytest.mark.parametrize("ift, verdict", [(70.0, "holds"), (68.0, "holds"), (67.5, "fails"), (None, "not run")])
+def test_claim_fedl2p_ift_matches_fomaml(ift, verdict):
+    """Table 8: IFT against FOMAML+ per row, within MATCH_TOL; a failure says why the two differ."""
+    rows = {"FT (BN C)": method(75.0, 80.97), "FedL2P (FOMAML+)": method(69.0, 83.2)}
+    if ift is not None:
+        rows["FedL2P (IFT)"] = method(ift, 88.85)
+    res = {"fedl2p_table8_digits_a0p1": result(rows), "fedl2p_table8_digits_a1000": result(
+        {"FedL2P (FOMAML+)": method(50.0, 52.7), "FedL2P (IFT)": method(51.0, 54.38)})}
+    if ift is None:
+        res.pop("fedl2p_table8_digits_a1000")
+    c = cl.fedl2p_ift_matches_fomaml(res)
+    assert c.verdict == verdict, c
+    if verdict == "not run":
+        return
+    assert c.paper_value == "IFT >= FOMAML+ - 1 in 2/2 rows"  # FT (BN C) is no rival: 88.85 vs 83.2, not 80.97
+    assert ("the sign flipped" in c.reason) == (verdict == "fails"), c.reason
+    if verdict == "fails":
+        assert "fedl2p_table8_digits_a0p1: FedL2P (IFT) 67.50 (paper 88.85) vs FedL2P (FOMAML+) 69.00" in c.reason
+
+
 @pytest.mark.parametrize("pc, verdict", [(88.0, "holds"), (86.5, "holds"), (85.5, "fails"), (None, "not run")])
 def test_claim_pfedhn_pc(pc, verdict):
     methods = {"pFedHN": method(87.0, 88.38), "pFedHN-PC": method(pc, 90.08) if pc else method(None, 90.08, "diverged")}

@@ -431,6 +431,22 @@ def fedl2p_beta_per_client(results: Results) -> ClaimResult:
     return _result(fedl2p_beta_per_client, FAILS, paper_value, ours, reason)
 
 
+def _ift_sign(results: Results, failed) -> str:
+    return ("; with Eq. 9-10's L_T and an exact H^{-1} the IFT's learning-rate hypergradient is FOMAML+'s with "
+            "the sign flipped (d theta* / d eta = +g, while fine-tuning moves the weights by -g; "
+            "`pflkit check-hypergradient` sets both beside the gradient through fine-tuning, docs/fidelity.md)")
+
+
+@claim("fedl2p", "FedL2P's IFT meta-gradient at least matches FOMAML+ (same meta-nets, same start)")
+def fedl2p_ift_matches_fomaml(results: Results) -> ClaimResult:
+    """App. F, Table 8: IFT "outperforms FOMAML+ for alpha = 1000, 1.0, 0.5 and has comparable performance
+    for alpha = 0.1"; checked as IFT >= FOMAML+ - `MATCH_TOL` in every row. A failure adds why the two can
+    pull the learning rates apart (`_ift_sign`)."""
+    return _pairwise(fedl2p_ift_matches_fomaml, results, "fedl2p_table8_*", "FedL2P (IFT)",
+                     lambda k: k == "FedL2P (FOMAML+)", lambda a, b: a >= b - MATCH_TOL,
+                     f"IFT >= FOMAML+ - {MATCH_TOL:g}", _ift_sign)
+
+
 # ----------------------------------------------------------------------------- pFedHN
 
 @claim("pfedhn", "pFedHN-PC at least matches pFedHN")
@@ -507,7 +523,7 @@ def pfedvem_best_under_drift(results: Results) -> ClaimResult:
 
 
 CLAIMS = (fedl2p_beta_by_shift, fedl2p_beta_per_client, fedl2p_matches_best_ft, fedl2p_lrnet_input_ari,
-          pfedhn_pc_matches, pfedhn_beats_baselines_n50, fedselect_beats_fedavg_lg, pfedvem_best_under_drift)
+          fedl2p_ift_matches_fomaml, pfedhn_pc_matches, pfedhn_beats_baselines_n50, fedselect_beats_fedavg_lg, pfedvem_best_under_drift)
 
 
 def check_all(results: Results) -> list[ClaimResult]:
