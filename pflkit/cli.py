@@ -165,7 +165,8 @@ def _cmd_check_hypergradient(args) -> int:
 
     changes = dict(args.set or [])
     rows = run_step_check(args.name, args.run, preset=args.preset, clients=args.clients, seed=args.seed,
-                          changes=changes, power_steps=args.power_steps, data_root=args.data_root)
+                          changes=changes, power_steps=args.power_steps, data_root=args.data_root,
+                          checkpoint=args.checkpoint, kept=args.kept)
     print(format_rows(rows, rows[0]["psi"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -266,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", type=_setting, metavar="KEY=VALUE",
                    help="replace a FedL2P setting for the check, e.g. psi=0.001 (repeatable)")
     p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
+    p.add_argument("--checkpoint", help="a FedL2P stage checkpoint of the run (seedS/<stage>.ckpt): check the step "
+                   "after its last round (default: the first step, at the initial lambda)")
+    p.add_argument("--kept", action="store_true", help="with --checkpoint: at the lambda the keep-best rule holds")
     p.add_argument("--json", help="also write the rows to this file")
     p.set_defaults(fn=_cmd_check_hypergradient)
     p = sub.add_parser("data", help="dataset utilities")

@@ -21,8 +21,9 @@ question for the exact derivative, which this module also computes.
   rule (its hypergradient; the unrolled gradient; random signs with the same entry sizes,
   a control), all on the same fine-tuning and validation batches.
 * `run_step_check`: the same on the seen clients of a saved run (its pretraining
-  stage's weights and federation), at the initial lambda of Alg. 1 line 1;
-  ``pflkit check-hypergradient`` prints it.
+  stage's weights and federation), at the initial lambda of Alg. 1 line 1 or at the
+  lambda of a FedL2P stage checkpoint (`checkpoint_lambda`); ``pflkit check-hypergradient``
+  prints it.
 
 Not run code (`pflkit.reproduce.NOT_RUN_CODE`): a run never imports this module, and it
 writes nothing into a run's folder.
@@ -54,7 +55,7 @@ from pflkit.runner import initial_model, make_env
 from pflkit.stages import method_config
 
 __all__ = ["largest_eigenvalue", "neumann_terms", "unrolled_hypergradient", "fedl2p_step_check", "run_step_check",
-           "format_rows", "step_generator", "cosine"]
+           "format_rows", "step_generator", "cosine", "checkpoint_lambda"]
 
 MatVec = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -245,10 +246,26 @@ def fedl2p_step_check(ctx, env, lam: dict[str, torch.Tensor], cfg, val_batch, *,
             "val_loss_control": _val_loss(ctx, env, control, cfg, k, val_batch)}
 
 
+def checkpoint_lambda(path: str | Path, *, kept: bool = False) -> tuple[dict[str, torch.Tensor], int]:
+    """(lambda, rounds done) from a FedL2P stage's checkpoint (``seedS/<stage>.ckpt``, read ``weights_only``):
+    the lambda after its last completed round, or with ``kept`` the one the keep-best rule holds."""
+    ck = load_torch(path)
+    try:
+        (_, rounds, state) = ck["best"] if kept else (None, ck["round"], ck["state"])
+        lam = state["lam"]
+    except (KeyError, TypeError, ValueError):
+        what = "a kept lambda" if kept else "a lambda"
+        raise ValueError(f"{path}: not a FedL2P stage checkpoint with {what}") from None
+    return {k: v.detach().clone() for k, v in lam.items()}, int(rounds)
+
+
 def run_step_check(experiment: str | Path | dict, run_dir: str | Path, *, preset: str = "cpu", clients: int = 4,
                    seed: int = 0, changes: dict | None = None, power_steps: int = 50,
-                   data_root=None) -> list[dict]:
-    """`fedl2p_step_check` on the first ``clients`` seen clients of a saved run, at initial lambda.
+                   data_root=None, checkpoint: str | Path | None = None, kept: bool = False) -> list[dict]:
+    """`fedl2p_step_check` on the first ``clients`` seen clients of a saved run.
+
+    At the initial lambda of Alg. 1 line 1 (round 1's step), or at the lambda of a stage checkpoint
+    (`checkpoint_lambda`: the step of the round after it).
 
     Args:
         experiment: what the run was made from: a catalog name, a TOML file or a dict
@@ -262,9 +279,14 @@ def run_step_check(experiment: str | Path | dict, run_dir: str | Path, *, preset
         changes: FedL2P config fields to replace (e.g. ``{"psi": 0.001}``).
         power_steps: Hessian-vector products of each power iteration.
         data_root: the data folder (None: ``$PFLKIT_DATA``).
+        checkpoint: a FedL2P stage checkpoint of this run (None: the initial lambda).
+        kept: with ``checkpoint``, the lambda the keep-best rule holds instead of the last one.
     """
     if not isinstance(clients, int) or clients < 1:
         raise ValueError(f"clients must be an integer >= 1, got {clients!r}")
+    if kept and checkpoint is None:
+        raise ValueError("kept=True needs a checkpoint")
+    lam, rounds = checkpoint_lambda(checkpoint, kept=kept) if checkpoint is not None else (None, 0)
     exp = resolve(experiment, preset)
     labels = [m.label for m in exp.methods if m.algorithm == "fedl2p"]
     if not labels or exp.pretrain is None:
@@ -278,9 +300,13 @@ def run_step_check(experiment: str | Path | dict, run_dir: str | Path, *, preset
     dataset = load_dataset(exp.data.dataset, data_root, **exp.data.options)
     pre = load_pretrain_data(exp, data_root, False, load=load_dataset)
     fed = Federation.load(seed_dir / "federation.npz", client_data(exp, dataset, pre))
-    env = make_env(exp, fed, seed).at_round(0)  # the first round's generators
+    env = make_env(exp, fed, seed).at_round(rounds)  # the generators of the round that takes the step
     model = set_state(initial_model(env), load_torch(weights))
     state = fedl2p.init(model, fed, cfg, env)
+    if lam is not None:
+        if set(lam) != set(state["lam"]) or any(lam[k].shape != v.shape for k, v in state["lam"].items()):
+            raise ValueError(f"{checkpoint}: its lambda does not fit {exp.name!r}'s meta-nets")
+        state["lam"] = {k: v.to(env.device) for k, v in lam.items()}
     rows = []
     for cid in [i for i in range(fed.num_clients) if i not in fed.unseen_ids][:clients]:
         client = fed.clients[cid]

@@ -14,17 +14,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers_data import digits_dataset, digits_env  # noqa: E402
 
 from pflkit import neumann_check as nc  # noqa: E402
+from pflkit.algorithms import fedl2p  # noqa: E402
 from pflkit.algorithms import fedl2p_client as fc  # noqa: E402
 from pflkit.algorithms.fedl2p import FEDL2P  # noqa: E402
 from pflkit.cli import main  # noqa: E402
+from pflkit.data.datasets import load_dataset  # noqa: E402
 from pflkit.experiments import resolve  # noqa: E402
-from pflkit.fl.federation import Client  # noqa: E402
-from pflkit.fl.train import get_state  # noqa: E402
+from pflkit.fl.federation import Client, Federation  # noqa: E402
+from pflkit.fl.train import get_state, set_state  # noqa: E402
+from pflkit.io import load_torch  # noqa: E402
 from pflkit.meta.hypergrad import _grads, fomaml_plus, ift_hypergrad, leaves  # noqa: E402
 from pflkit.meta.metanets import init_meta_params  # noqa: E402
-from pflkit.models import build_model  # noqa: E402
 from pflkit.meta.objectives import lambda_step  # noqa: E402
-from pflkit.runner import run_experiment  # noqa: E402
+from pflkit.models import build_model  # noqa: E402
+from pflkit.runner import initial_model, make_env, run_experiment  # noqa: E402
+from pflkit.stages import method_config  # noqa: E402
 
 SMALL = {"rounds": 1, "fraction": 1.0, "epochs": 1, "meta_iters": 1, "lr": 0.05, "batch_size": 16}
 
@@ -199,6 +203,32 @@ def test_run_step_check_on_a_saved_run(saved_run):
     assert table.count("\n") == 4 and "(0, 20)" in table  # 2 lines of legend, the head, 2 rows
 
 
+def _initial_lambda(spec, out):
+    """Alg. 1 line 1's lambda of the saved run (what `run_step_check` starts from)."""
+    exp = resolve(spec, "smoke")
+    fed = Federation.load(out / "seed0" / "federation.npz", load_dataset("digits"))
+    env = make_env(exp, fed, 0)
+    model = set_state(initial_model(env), load_torch(out / "seed0" / "global.weights.pt"))
+    return fedl2p.init(model, fed, method_config(exp, "FedL2P")[1], env)["lam"]
+
+
+def test_run_step_check_at_a_checkpoint_lambda(saved_run, tmp_path):
+    """The lambda of a stage checkpoint (last or kept) replaces the initial one, and the step is the next round's."""
+    spec, out = saved_run
+    plain = nc.run_step_check(spec, out, preset="smoke", clients=1, power_steps=5)
+    start = _initial_lambda(spec, out)
+    moved = {k: v + 0.05 for k, v in start.items()}
+    ck = tmp_path / "fedl2p.ckpt"
+    torch.save({"round": 0, "state": {"lam": moved}, "best": (0.5, 0, {"lam": start})}, ck)
+    kept = nc.run_step_check(spec, out, preset="smoke", clients=1, power_steps=5, checkpoint=ck, kept=True)
+    last = nc.run_step_check(spec, out, preset="smoke", clients=1, power_steps=5, checkpoint=ck)
+    assert kept[0]["val_loss"] == plain[0]["val_loss"] and kept[0]["cosine"] == plain[0]["cosine"]
+    assert last[0]["val_loss"] != plain[0]["val_loss"]  # the moved lambda fine-tunes otherwise
+    torch.save({"round": 2, "state": {"lam": start}, "best": None}, ck)
+    later = nc.run_step_check(spec, out, preset="smoke", clients=1, power_steps=5, checkpoint=ck)
+    assert later[0]["val_loss"] != plain[0]["val_loss"]  # round 3's batches, not round 1's
+
+
 def test_run_step_check_refuses_bad_input_before_work(tmp_path, saved_run):
     spec, out = saved_run
     with pytest.raises(ValueError, match="clients must be an integer >= 1, got 0"):
@@ -210,6 +240,15 @@ def test_run_step_check_refuses_bad_input_before_work(tmp_path, saved_run):
         nc.run_step_check(plain, out, preset="smoke")
     with pytest.raises(Exception, match="psi"):
         nc.run_step_check(spec, out, preset="smoke", changes={"psi": -1.0})
+    with pytest.raises(ValueError, match="kept=True needs a checkpoint"):
+        nc.run_step_check(spec, out, preset="smoke", kept=True)
+    junk = tmp_path / "junk.ckpt"
+    torch.save({"round": 1}, junk)
+    with pytest.raises(ValueError, match="junk.ckpt: not a FedL2P stage checkpoint with a lambda"):
+        nc.run_step_check(spec, out, preset="smoke", checkpoint=junk)
+    torch.save({"round": 1, "state": {"lam": {"eta_tilde": torch.zeros(2)}}}, junk)
+    with pytest.raises(ValueError, match="its lambda does not fit 'tiny-fedl2p'"):
+        nc.run_step_check(spec, out, preset="smoke", checkpoint=junk)
 
 
 TINY_TOML = """
