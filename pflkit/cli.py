@@ -158,7 +158,7 @@ def _setting(text: str) -> tuple[str, object]:
 
 
 def _cmd_check_hypergradient(args) -> int:
-    """FedL2P's first meta step on a saved run, taken apart (`pflkit.neumann_check`)."""
+    """A FedL2P meta step of a saved run, taken apart (`pflkit.neumann_check`)."""
     import json
 
     from pflkit.neumann_check import format_rows, run_step_check
@@ -255,9 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "when --results is the default results/)")
     p.set_defaults(fn=_cmd_reproduce)
     p = sub.add_parser("check-hypergradient",
-                       help="FedL2P: does a saved run's first meta step follow d L_V / d lambda? (Neumann series, "
+                       help="FedL2P: does a saved run's meta step follow d L_V / d lambda? (Neumann series, "
                             "Hessian, the exact unrolled gradient)")
-    p.add_argument("name", help="the catalog experiment the run was made from")
+    p.add_argument("name", help="the catalog experiment (or .toml) the run was made from")
     p.add_argument("--run", required=True, help="the run's folder (pflkit run --out, or reproduce's --work/NAME)")
     p.add_argument("--preset", default="cpu", choices=["smoke", "cpu", "paper"], help="the run's preset")
     p.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")

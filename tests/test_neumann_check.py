@@ -1,6 +1,7 @@
 """pflkit.neumann_check: the power iteration and Neumann terms against exact linear algebra, the
 unrolled hypergradient against finite differences in float64, the check's meta step against
 `fedl2p_client.meta_step` itself, and the whole check on a saved run through the CLI."""
+import argparse
 import dataclasses
 import json
 import sys
@@ -17,7 +18,7 @@ from pflkit import neumann_check as nc  # noqa: E402
 from pflkit.algorithms import fedl2p  # noqa: E402
 from pflkit.algorithms import fedl2p_client as fc  # noqa: E402
 from pflkit.algorithms.fedl2p import FEDL2P  # noqa: E402
-from pflkit.cli import main  # noqa: E402
+from pflkit.cli import _setting, main  # noqa: E402
 from pflkit.data.datasets import load_dataset  # noqa: E402
 from pflkit.experiments import resolve  # noqa: E402
 from pflkit.fl.federation import Client, Federation  # noqa: E402
@@ -295,6 +296,9 @@ def test_the_command_prints_and_writes_the_check(saved_run, tmp_path, capsys):
     assert [r["psi"] for r in json.loads(rows.read_text())] == [0.05]
     assert main(["check-hypergradient", str(toml), "--run", str(tmp_path / "none"), "--preset", "smoke"]) == 2
     assert "federation.npz is missing" in capsys.readouterr().err
+    assert _setting("meta_grad=fomaml") == ("meta_grad", "fomaml") and _setting("lt_mode='lookahead'")[1] == "lookahead"
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE, got 'psi'"):
+        _setting("psi")
 
 
 def test_with_an_exact_solve_the_ift_learning_rate_hypergradient_is_minus_fomaml_plus():

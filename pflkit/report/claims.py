@@ -523,7 +523,8 @@ def pfedvem_best_under_drift(results: Results) -> ClaimResult:
 
 
 CLAIMS = (fedl2p_beta_by_shift, fedl2p_beta_per_client, fedl2p_matches_best_ft, fedl2p_lrnet_input_ari,
-          fedl2p_ift_matches_fomaml, pfedhn_pc_matches, pfedhn_beats_baselines_n50, fedselect_beats_fedavg_lg, pfedvem_best_under_drift)
+          fedl2p_ift_matches_fomaml, pfedhn_pc_matches, pfedhn_beats_baselines_n50, fedselect_beats_fedavg_lg,
+          pfedvem_best_under_drift)
 
 
 def check_all(results: Results) -> list[ClaimResult]:
