@@ -432,9 +432,10 @@ def fedl2p_beta_per_client(results: Results) -> ClaimResult:
 
 
 def _ift_sign(results: Results, failed) -> str:
-    return ("; with Eq. 9-10's L_T and an exact H^{-1} the IFT's learning-rate hypergradient is FOMAML+'s with "
-            "the sign flipped (d theta* / d eta = +g, while fine-tuning moves the weights by -g; "
-            "`pflkit check-hypergradient` sets both beside the gradient through fine-tuning, docs/fidelity.md)")
+    return ("; the two rules can pull the learning rates opposite ways: with Eq. 9-10's L_T and an exact H^{-1} "
+            "the IFT's learning-rate hypergradient is FOMAML+'s with the sign flipped (d theta* / d eta = +g, while "
+            "fine-tuning moves the weights by -g); `pflkit check-hypergradient` measures each against the gradient "
+            "through fine-tuning, client by client (docs/fidelity.md)")
 
 
 @claim("fedl2p", "FedL2P's IFT meta-gradient at least matches FOMAML+ (same meta-nets, same start)")
