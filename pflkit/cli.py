@@ -167,7 +167,7 @@ def _cmd_check_hypergradient(args) -> int:
     rows = run_step_check(args.name, args.run, preset=args.preset, clients=args.clients, seed=args.seed,
                           changes=changes, power_steps=args.power_steps, data_root=args.data_root,
                           checkpoint=args.checkpoint, kept=args.kept)
-    print(format_rows(rows, rows[0]["psi"]))
+    print(format_rows(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
         print(f"wrote {args.json}")

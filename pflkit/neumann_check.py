@@ -251,7 +251,7 @@ def checkpoint_lambda(path: str | Path, *, kept: bool = False) -> tuple[dict[str
     the lambda after its last completed round, or with ``kept`` the one the keep-best rule holds."""
     ck = load_torch(path)
     try:
-        (_, rounds, state) = ck["best"] if kept else (None, ck["round"], ck["state"])
+        rounds, state = ck["best"][1:] if kept else (ck["round"], ck["state"])
         lam = state["lam"]
     except (KeyError, TypeError, ValueError):
         what = "a kept lambda" if kept else "a lambda"
@@ -316,8 +316,9 @@ def run_step_check(experiment: str | Path | dict, run_dir: str | Path, *, preset
     return rows
 
 
-def format_rows(rows: list[dict], psi: float) -> str:
-    """A plain-text table of `run_step_check`'s rows."""
+def format_rows(rows: list[dict]) -> str:
+    """A plain-text table of `run_step_check`'s rows (one run, one psi)."""
+    psi = rows[0]["psi"]
     head = (f"{'client':>6} {'mu_max':>9} {'psi*mu':>7} {'|term Q|/|v|':>12} {'|g| bnnet':>10} {'lrnet':>9} "
             f"{'eta_tilde':>9} {'clipped':>7} {'cos':>6} {'bnnet':>6} {'lrnet':>6} {'eta_t':>6} {'L_V':>8} "
             f"{'step':>9} {'unrolled':>9} {'control':>9}")

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -172,15 +173,40 @@ def test_the_step_check_reports_what_it_measured():
     assert 0 <= row["clipped"] <= 1 and all(v > 0 for v in row["grad_norm"].values())
 
 
-def _spec():
-    return {"experiment": {"name": "tiny-fedl2p"},
-            "data": {"dataset": "digits", "num_clients": 3, "scheme": "iid", "split": "pool", "test_fraction": 0.2,
-                     "val_fraction": 0.2},
-            "model": {"name": "digits_cnn", "options": {"channels": [4, 8, 8]}},
-            "pretrain": {"label": "Global", "algorithm": "fedavg", "rounds": 1, "fraction": 1.0, "lr": 0.05,
-                         "batch_size": 16},
-            "methods": {"FedL2P": {"algorithm": "fedl2p", "rounds": 1, "fraction": 1.0, "epochs": 1,
-                                   "meta_iters": 1, "lr": 0.05, "batch_size": 16}}}
+TINY_TOML = """
+[experiment]
+name = "tiny-fedl2p"
+[data]
+dataset = "digits"
+num_clients = 3
+scheme = "iid"
+split = "pool"
+test_fraction = 0.2
+val_fraction = 0.2
+[model]
+name = "digits_cnn"
+options = { channels = [4, 8, 8] }
+[pretrain]
+label = "Global"
+algorithm = "fedavg"
+rounds = 1
+fraction = 1.0
+lr = 0.05
+batch_size = 16
+[methods."FedL2P"]
+algorithm = "fedl2p"
+rounds = 1
+fraction = 1.0
+epochs = 1
+meta_iters = 1
+lr = 0.05
+batch_size = 16
+"""
+
+
+def _spec() -> dict:
+    """The tiny experiment as a dict (the same text as the file the command reads)."""
+    return tomllib.loads(TINY_TOML)
 
 
 @pytest.fixture
@@ -200,7 +226,7 @@ def test_run_step_check_on_a_saved_run(saved_run):
     # the same fine-tuning and batches: L_V before the step does not depend on psi, the terms do
     assert [r["val_loss"] for r in again] == [r["val_loss"] for r in rows]
     assert [r["terms"][1] for r in again] != [r["terms"][1] for r in rows]
-    table = nc.format_rows(rows, 0.1)
+    table = nc.format_rows(rows)
     assert table.count("\n") == 4 and "(0, 20)" in table  # 2 lines of legend, the head, 2 rows
 
 
@@ -252,35 +278,6 @@ def test_run_step_check_refuses_bad_input_before_work(tmp_path, saved_run):
         nc.run_step_check(spec, out, preset="smoke", checkpoint=junk)
 
 
-TINY_TOML = """
-[experiment]
-name = "tiny-fedl2p"
-[data]
-dataset = "digits"
-num_clients = 3
-scheme = "iid"
-split = "pool"
-test_fraction = 0.2
-val_fraction = 0.2
-[model]
-name = "digits_cnn"
-options = { channels = [4, 8, 8] }
-[pretrain]
-label = "Global"
-algorithm = "fedavg"
-rounds = 1
-fraction = 1.0
-lr = 0.05
-batch_size = 16
-[methods."FedL2P"]
-algorithm = "fedl2p"
-rounds = 1
-fraction = 1.0
-epochs = 1
-meta_iters = 1
-lr = 0.05
-batch_size = 16
-"""
 
 
 def test_the_command_prints_and_writes_the_check(saved_run, tmp_path, capsys):
