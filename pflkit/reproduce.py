@@ -13,7 +13,8 @@ For each selected experiment file (``paper``, ``only``) at one preset:
    "not run (data missing: NAME)" and the batch goes on;
 4. write the compact result (`compact_result`) from the run's ``results.json`` and its
    per-method reports (`pflkit.report.compact`): what the reproduction report and the claim checks
-   read, small enough to commit.
+   read, small enough to commit, with every invocation that ran it and on what hardware (``invocations``:
+   a run stopped on one machine and resumed on another names both).
 
 Then, unless ``notebooks=False``, the notebooks of the selected papers (``notebooks/<paper>/``) are
 executed with papermill at the same preset (skipped when neither the notebook, the code nor its
@@ -28,6 +29,8 @@ docstrings (`code_version`), not the git commit: committing the results must not
 from __future__ import annotations
 
 import ast
+import contextlib
+import datetime
 import fnmatch
 import functools
 import hashlib
@@ -55,6 +58,7 @@ MATRIX_DONE = "_matrix_done.json"  # in the work folder: the inputs the matrix t
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
 REUSED = "reused.json"  # in a work folder: the stages its run took from another run folder (`pflkit.reuse`)
+INVOCATIONS = "invocations.json"  # in a work folder: each invocation that ran its run, and on what hardware
 # runs whose stages' trained states a notebook reads (`keep_states`): FedSelect's Fig. 1 masks, pFedHN-PC's
 # mix-and-match (Fig. 3) and pFedHN's client embeddings (Fig. 4). Kept in the work folder only, so the notebook
 # reads them instead of training the same model again
@@ -239,6 +243,8 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     started = read_json(marker) if marker.exists() else {}
     # continue the folder's run only if it was started with this configuration and code (code=None: any)
     resume = started.get("config") == key["config"] and (code is None or started.get("code") == code)
+    # the run's earlier invocations, or none when it starts over (or was resumed before they were recorded)
+    calls = _invocations(folder / INVOCATIONS, resume)
     keep = any(fnmatch.fnmatchcase(cfg.name, p) for p in KEEP_STATES)
     if not resume:
         reused_file.unlink(missing_ok=True)
@@ -253,10 +259,13 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     kwargs = dict(data_root=data_root, download=download, progress=False, keep_states=keep)
     try:
         try:
-            results = run_experiment(cfg, folder, resume=resume, overwrite=not resume, **kwargs)
+            with _invocation(folder / INVOCATIONS, calls, cfg):
+                results = run_experiment(cfg, folder, resume=resume, overwrite=not resume, **kwargs)
         except RunMismatchError:  # same config and code, other data files (than a donor's too): start over
             reused_file.unlink(missing_ok=True)
-            results = run_experiment(cfg, folder, overwrite=True, **kwargs)
+            calls = _invocations(folder / INVOCATIONS, False)
+            with _invocation(folder / INVOCATIONS, calls, cfg):
+                results = run_experiment(cfg, folder, overwrite=True, **kwargs)
     except DatasetNotFoundError as e:
         _drop_if_empty(folder)
         return Outcome(cfg.name, NOT_RUN, f"data missing: {e.name}", time.perf_counter() - t0)
@@ -267,6 +276,7 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     result = compact_result(results, folder, cfg_hash=key["config"], code=code, overrides=overrides)
     if reused_file.exists():
         result["reused"] = read_json(reused_file)
+    result["invocations"] = calls
     write_json(compact, result)
     (folder / "reproduce-error.log").unlink(missing_ok=True)
     bad = {label: m["status"] for label, m in mark_divergence(results)["methods"].items() if m["status"] != "ok"}
@@ -274,9 +284,44 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     return Outcome(cfg.name, DONE, reason, time.perf_counter() - t0)
 
 
+def _invocations(path: Path, resume: bool) -> dict:
+    """The record of the invocations that ran a work folder's run: ``{"unrecorded": bool, "runs": [...]}``.
+
+    A resumed run continues its record; one resumed from before invocations were recorded has
+    ``unrecorded`` set (its earlier hardware is unknown). A run that starts over starts a new record.
+    """
+    if not resume:
+        return {"unrecorded": False, "runs": []}
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return {"unrecorded": True, "runs": []}
+
+
+@contextlib.contextmanager
+def _invocation(path: Path, calls: dict, cfg) -> Iterator[None]:
+    """Record this invocation in ``calls`` (written to ``path`` before the run starts, so a killed process
+    leaves its entry): when it started, the GPU's name or the CPU's vector instructions
+    (`pflkit.runner.device_info`), and, when it returns or raises, its wall seconds. A run resumed on other
+    hardware then names every machine it ran on, not only the last one (``environment``)."""
+    from pflkit.runner import device_info
+
+    info = device_info(cfg)
+    entry = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "gpu": info["gpu"], "cpu_capability": info["cpu_capability"], "seconds": None}
+    calls["runs"].append(entry)
+    write_json(path, calls)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        write_json(path, calls)
+
+
 def _drop_if_empty(folder: Path) -> None:
-    """Remove a work folder that holds no run (only the marker and the lock), so nothing is left behind."""
-    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {MARKER, ".pflkit.lock"}:
+    """Remove a work folder that holds no run (only the marker, the invocation record and the lock)."""
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {MARKER, INVOCATIONS, ".pflkit.lock"}:
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -148,6 +148,59 @@ def test_second_batch_skips_a_changed_config_reruns_and_an_interrupted_run_resum
     assert json.loads(compact.read_text())["methods"] == before
 
 
+def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, monkeypatch):
+    """Each invocation that runs a work folder's run is recorded before it starts (a killed one leaves its
+    entry) with the hardware it ran on; the compact result keeps them all, so a run resumed on another
+    machine names both, not only the last one's ``environment``."""
+    import pflkit.runner as runner
+    from pflkit.report.reproduction import hardware
+
+    real_info, real_run = runner.device_info, runner.run_experiment
+    seen = []
+
+    def on(cap):
+        monkeypatch.setattr(runner, "device_info", lambda cfg: {**real_info(cfg), "gpu": None, "cpu_capability": cap})
+
+    def run_and_look(cfg, folder, **kw):  # the entry is on disk while the run trains
+        seen.append(json.loads((folder / rp.INVOCATIONS).read_text())["runs"][-1])
+        return real_run(cfg, folder, **kw)
+
+    monkeypatch.setattr(runner, "run_experiment", run_and_look)
+    write_tiny(tmp_path / "catalog", "tiny_digits")
+    kw = dict(batch["kw"], results_dir=tmp_path / "results", work_dir=tmp_path / "work", only="tiny_digits",
+              catalog=tmp_path / "catalog")
+    compact, seed = tmp_path / "results" / "smoke" / "tiny_digits.json", tmp_path / "work" / "tiny_digits" / "seed0"
+    on("AVX512")
+    rp.reproduce("smoke", **kw)
+    assert seen[-1]["cpu_capability"] == "AVX512" and seen[-1]["seconds"] is None
+    first = json.loads(compact.read_text())["invocations"]
+    assert first["unrecorded"] is False and len(first["runs"]) == 1 and first["runs"][0]["seconds"] > 0
+    assert hardware(json.loads(compact.read_text())) == "a CPU with AVX512"
+    # stopped before its last stage, resumed on a machine with other vector instructions
+    compact.unlink()
+    (seed / "ft-bn-c.json").unlink()
+    on("AVX2")
+    rp.reproduce("smoke", **kw)
+    res = json.loads(compact.read_text())
+    assert [r["cpu_capability"] for r in res["invocations"]["runs"]] == ["AVX512", "AVX2"]
+    assert res["environment"]["cpu_capability"] == "AVX2"  # the runner's record: the last machine only
+    assert hardware(res) == "a CPU with AVX512, then a CPU with AVX2"
+    # a run resumed from before invocations were recorded says so
+    compact.unlink()
+    (seed / "ft-bn-c.json").unlink()
+    (seed.parent / rp.INVOCATIONS).unlink()
+    rp.reproduce("smoke", **kw)
+    res = json.loads(compact.read_text())
+    assert res["invocations"]["unrecorded"] is True and len(res["invocations"]["runs"]) == 1
+    assert hardware(res) == "a CPU with AVX2 (earlier invocations not recorded)"
+    # a run that starts over (another setting) starts a new record
+    write_tiny(tmp_path / "catalog", "tiny_digits", epochs=2)
+    on("AVX512")
+    rp.reproduce("smoke", **kw)
+    calls = json.loads(compact.read_text())["invocations"]
+    assert calls["unrecorded"] is False and [r["cpu_capability"] for r in calls["runs"]] == ["AVX512"]
+
+
 def test_a_code_change_makes_a_result_stale(batch, monkeypatch):
     from pflkit.experiments import resolve
 

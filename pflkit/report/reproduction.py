@@ -210,13 +210,24 @@ def batch_time(results) -> str:
             f"{timed[0][0] / 3600:.1f} h.")
 
 
-def hardware(res: dict) -> str:
-    """What a run ran on, from its ``environment``: the GPU's name, else ``a CPU with AVX512`` (the vector
-    instruction set torch's kernels used), "" when the result does not record it."""
-    env = res.get("environment") or {}
+def _kind(env: dict) -> str:
+    """The GPU's name, else ``a CPU with AVX512`` (the vector instruction set torch's kernels used), else ""."""
     if env.get("gpu"):
         return str(env["gpu"])
     return f"a CPU with {env['cpu_capability']}" if env.get("cpu_capability") else ""
+
+
+def hardware(res: dict) -> str:
+    """What a run ran on: from its ``invocations`` (`pflkit.reproduce`: every invocation that ran it), each
+    kind once in the order first used, ``"a CPU with AVX2, then a CPU with AVX512"``, with a note when
+    earlier invocations were not recorded; without them, from ``environment`` (the last invocation's);
+    "" when the result records neither."""
+    calls = res.get("invocations") or {}
+    kinds = list(dict.fromkeys(k for k in map(_kind, calls.get("runs", [])) if k))
+    if not kinds:
+        return _kind(res.get("environment") or {})
+    text = ", then ".join(kinds)
+    return f"{text} (earlier invocations not recorded)" if calls.get("unrecorded") else text
 
 
 def hardware_mix(results) -> str:
