@@ -107,6 +107,25 @@ def test_sync_fills_then_detects_a_changed_number(tmp_path):
     assert stale_blocks(text, tmp_path / "results") == ["cpu: exp_a"]
 
 
+def test_a_claims_block_shows_the_verdict_the_results_give(tmp_path):
+    """A claims block holds the paper's claims checked on the results (here pFedHN-PC against pFedHN, by
+    hand: 82 >= 80 - 1 holds, 78 < 80 - 1 fails); a new result that flips the verdict makes it stale."""
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    write(tmp_path, "cpu", compact("pfedhn_x", {"pFedHN": ok(80.0), "pFedHN-PC": ok(82.0)}))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- claims cpu: pfedhn -->\nhand-typed\n<!-- /claims -->\noutro\n")
+    assert sync_readme(readme, tmp_path / "results", catalog) == ["claims cpu: pfedhn"]
+    text = readme.read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| pfedhn | pFedHN-PC at least matches")]
+    assert len(rows) == 1 and "| **holds** |" in rows[0] and "hand-typed" not in text
+    assert not any(r.startswith("| fedl2p") for r in text.splitlines())  # only the block's paper
+    assert stale_blocks(text, tmp_path / "results", catalog) == []
+    write(tmp_path, "cpu", compact("pfedhn_x", {"pFedHN": ok(80.0), "pFedHN-PC": ok(78.0)}))
+    assert stale_blocks(text, tmp_path / "results", catalog) == ["claims cpu: pfedhn"]
+    assert "| **fails** |" in sync_text(text, tmp_path / "results", catalog)
+
+
 def test_a_block_without_its_result_names_the_experiment(tmp_path):
     (tmp_path / "results" / "cpu").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="exp_missing.*pflkit reproduce --preset cpu --only exp_missing"):
@@ -119,7 +138,7 @@ def test_block_parsing():
 
 
 def test_readme_tables_agree_with_committed_results():
-    """The sync test: every generated table of README.md equals what results/ gives (`pflkit reproduce --report`)."""
+    """The sync test: every generated table and claims block of README.md equals what results/ gives (`pflkit reproduce --report`)."""
     text = (ROOT / "README.md").read_text()
     assert blocks(text), "README.md has no generated results table"
     assert stale_blocks(text, ROOT / "results") == [], "run `pflkit reproduce --report` to regenerate the README's tables"

@@ -11,6 +11,13 @@ the mean over clients of each client's test accuracy (%) averaged over seeds (±
 seeds when there are several) or the method's status when it did not finish, the paper's number the
 experiment file's ``[published]`` one. Under the table, per experiment: the data used, the seeds, the
 declared deviations, FedL2P's learned beta where the run records it, and the command that made the result.
+A second kind of block holds the claims of some papers (`pflkit.report.claims`), checked on every result of
+the preset as in REPRODUCTION.md::
+
+    <!-- claims cpu: fedl2p, pfedhn -->
+    (generated text)
+    <!-- /claims -->
+
 `sync_readme` rewrites every block from the files; `stale_blocks` names the blocks whose text differs from
 what the files give (the README sync test).
 """
@@ -23,10 +30,13 @@ from pathlib import Path
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import compact_path
 from pflkit.report.divergence import mark_divergence
-from pflkit.report.reproduction import STALE, data_label, out_of_date, run_time
+from pflkit.report.reproduction import (STALE, catalog_stubs, claims_table, data_label, load_results, out_of_date,
+                                        run_time)
 
 BLOCK = re.compile(r"<!-- results (?P<preset>[\w-]+): (?P<names>[^>]*?) -->\n(?P<body>.*?)<!-- /results -->",
                    re.DOTALL)
+CLAIMS = re.compile(r"<!-- claims (?P<preset>[\w-]+): (?P<papers>[^>]*?) -->\n(?P<body>.*?)<!-- /claims -->",
+                    re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -109,25 +119,43 @@ def expected(block: Block, results_dir="results") -> str:
     return render(_load(results_dir, block.preset, block.names))
 
 
-def stale_blocks(text: str, results_dir="results") -> list[str]:
-    """``preset: names`` of every block whose text differs from what the results give."""
-    return [f"{b.preset}: {', '.join(b.names)}" for b in blocks(text) if b.body != expected(b, results_dir)]
+def _papers(m: re.Match) -> tuple[str, ...]:
+    return tuple(p.strip() for p in m["papers"].split(",") if p.strip())
 
 
-def sync_text(text: str, results_dir="results") -> str:
+def claims_text(preset: str, papers, results_dir="results", catalog=None) -> str:
+    """The text of one claims block: claim, verdict, the paper's number and ours, for each claim of
+    ``papers``, checked on every result of ``preset`` (experiments of the catalog without one count as not run)."""
+    rows = {**catalog_stubs(preset, catalog), **load_results(results_dir).get(preset, {})}
+    return claims_table(rows, papers, why=False)
+
+
+def stale_blocks(text: str, results_dir="results", catalog=None) -> list[str]:
+    """``preset: names`` of every results block, ``claims preset: papers`` of every claims block, whose
+    text differs from what the results give."""
+    out = [f"{b.preset}: {', '.join(b.names)}" for b in blocks(text) if b.body != expected(b, results_dir)]
+    return out + [f"claims {m['preset']}: {', '.join(_papers(m))}" for m in CLAIMS.finditer(text)
+                  if m["body"] != claims_text(m["preset"], _papers(m), results_dir, catalog)]
+
+
+def sync_text(text: str, results_dir="results", catalog=None) -> str:
     """The README text with every block regenerated from the results."""
     def fill(m: re.Match) -> str:
         header = m.group(0)[: m.start("body") - m.start()]
         return header + expected(_block(m), results_dir) + "<!-- /results -->"
-    return BLOCK.sub(fill, text)
+
+    def fill_claims(m: re.Match) -> str:
+        header = m.group(0)[: m.start("body") - m.start()]
+        return header + claims_text(m["preset"], _papers(m), results_dir, catalog) + "<!-- /claims -->"
+    return CLAIMS.sub(fill_claims, BLOCK.sub(fill, text))
 
 
-def sync_readme(readme="README.md", results_dir="results") -> list[str]:
-    """Rewrite the README's results blocks from ``results_dir``; returns the blocks that changed."""
+def sync_readme(readme="README.md", results_dir="results", catalog=None) -> list[str]:
+    """Rewrite the README's results and claims blocks from ``results_dir``; returns the blocks that changed."""
     path = Path(readme)
     text = path.read_text()
-    changed = stale_blocks(text, results_dir)
+    changed = stale_blocks(text, results_dir, catalog)
     if changed:
-        new = sync_text(text, results_dir)
+        new = sync_text(text, results_dir, catalog)
         atomic_write(path, lambda f: f.write(new.encode()))
     return changed

@@ -65,7 +65,7 @@ def _natural(text: str):
     return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", text)]
 
 
-def _catalog(preset: str, root=None) -> dict[str, dict]:
+def catalog_stubs(preset: str, root=None) -> dict[str, dict]:
     """Every catalog experiment at ``preset`` as a stub (paper, table, title, published), for rows not run."""
     from pflkit.config import ConfigError
     from pflkit.experiments import list_experiments, resolve
@@ -299,14 +299,22 @@ def table_section(table: str, rows: list[dict], status: dict, stale: frozenset =
     return "\n".join(lines + [""] + notes + [""])
 
 
-def claims_section(results: dict[str, dict]) -> str:
+def claims_table(results: dict[str, dict], papers=None, *, why: bool = True) -> str:
+    """The claims (`pflkit.report.claims`) checked on ``results`` as a table: paper, claim, verdict, the
+    paper's number, ours and (``why``) the reason; ``papers`` limits it to those papers' claims."""
     from pflkit.report.claims import check_all
 
-    lines = ["### Claims", "", "| paper | claim | verdict | paper's number | ours | why |", "|---|---|---|---|---|---|"]
+    head = ["paper", "claim", "verdict", "paper's number", "ours"] + (["why"] if why else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in check_all(results):
-        cells = [c.paper, c.text, f"**{c.verdict}**", c.paper_value, c.ours, c.reason]
-        lines.append("| " + " | ".join(s.replace("|", "/") for s in cells) + " |")
-    return "\n".join(lines + [""])
+        if papers is None or c.paper in papers:
+            cells = [c.paper, c.text, f"**{c.verdict}**", c.paper_value, c.ours] + ([c.reason] if why else [])
+            lines.append("| " + " | ".join(s.replace("|", "/") for s in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def claims_section(results: dict[str, dict]) -> str:
+    return "### Claims\n\n" + claims_table(results)
 
 
 def preset_section(preset: str, results: dict[str, dict], status: dict, catalog: dict[str, dict],
@@ -351,7 +359,7 @@ def build_report(results_dir="results", presets=None, *, catalog=None, with_cata
     for preset in presets:
         status_path = Path(results_dir) / preset / "_status.json"
         status = read_json(status_path) if status_path.exists() else {}
-        experiments = _catalog(preset, catalog) if with_catalog else {}
+        experiments = catalog_stubs(preset, catalog) if with_catalog else {}
         mine = found.get(preset, {})
         stale = frozenset(n for n, r in mine.items() if with_catalog and out_of_date(r, catalog))
         parts.append(preset_section(preset, mine, status, experiments, stale))
