@@ -40,6 +40,13 @@ def test_render_cells_by_hand():
     assert rows[4] == "| Local | - | 70.0 |"
     assert "`exp_b`: CIFAR-10 (offline subset); seeds 3; declared deviations: `model.options`, 10 min here." in text
     assert "`pflkit reproduce --preset cpu --only exp_a`" in text
+    # a method measured on unseen clients too gets an "(unseen)" row; "-" where an experiment has none
+    fsdd = compact("exp_u", {"FedL2P": {**ok(98.0), "unseen": {"acc_mean": 84.0, "per_seed": [84.0]}},
+                             "Ditto": {"status": "diverged", "unseen": {"acc_mean": 1.0, "per_seed": [1.0]}}},
+                   published={"FedL2P (unseen)": 87.85})
+    rows = render([a, fsdd]).splitlines()
+    assert "| FedL2P (unseen) | - | 84.0 (87.85) |" in rows and "| Ditto (unseen) | - | diverged |" in rows
+    assert "| FedAvg (unseen)" not in "\n".join(rows)
     a["analysis"] = {"FedL2P": {"beta_mean": 0.0654}, "L2P": {"beta_mean": None}}
     assert "10 min here; learned beta (mean over clients and BN layers): FedL2P 0.07. `pflkit" in render([a])
     # resumed from stages an earlier invocation finished: all its stages' time, not the last invocation's

@@ -6,7 +6,8 @@ A generated table in README.md sits between two markers that name the preset and
     (generated text)
     <!-- /results -->
 
-The text is one row per method and one column per experiment; each cell is ``ours (paper)``, ours being
+The text is one row per method (and one per method measured on unseen clients too, ``X (unseen)``) and
+one column per experiment; each cell is ``ours (paper)``, ours being
 the mean over clients of each client's test accuracy (%) averaged over seeds (± the standard deviation over
 seeds when there are several) or the method's status when it did not finish, the paper's number the
 experiment file's ``[published]`` one. Under the table, per experiment: the data used, the seeds, the
@@ -68,9 +69,23 @@ def _ours(method: dict | None) -> str:
     return text
 
 
+UNSEEN = " (unseen)"  # a method's accuracy on the clients that took no part in training (FedL2P's Table 4)
+
+
+def _method(result: dict, label: str) -> dict | None:
+    """The method ``label`` of a result; for ``"X (unseen)"``, X's accuracy on the unseen clients."""
+    methods = result.get("methods", {})
+    if label not in methods and label.endswith(UNSEEN) and label[:-len(UNSEEN)] in methods:
+        base = methods[label[:-len(UNSEEN)]]
+        if not base.get("unseen"):
+            return None  # not measured on unseen clients in this experiment
+        return {**base["unseen"], "status": "ok"} if base.get("status") == "ok" else {"status": base.get("status")}
+    return methods.get(label)
+
+
 def cell(result: dict, label: str) -> str:
     """``ours (paper)``, ``ours`` without a published number, ``-`` for a method the experiment lacks."""
-    method = result.get("methods", {}).get(label)
+    method = _method(result, label)
     paper = result.get("config", {}).get("published", {}).get(label)
     if method is None:
         return "-"
@@ -78,10 +93,12 @@ def cell(result: dict, label: str) -> str:
 
 
 def _labels(results: list[dict]) -> list[str]:
+    """Every method of the results, then ``"X (unseen)"`` for each one measured on unseen clients too."""
     seen: dict[str, None] = {}
     for res in results:
         seen.update(dict.fromkeys(res.get("methods", {})))
-    return list(seen)
+    unseen = {f"{k}{UNSEEN}": None for res in results for k, m in res.get("methods", {}).items() if m.get("unseen")}
+    return list(seen) + list(unseen)
 
 
 def _note(res: dict) -> str:
