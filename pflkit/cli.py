@@ -127,7 +127,8 @@ def _cmd_reproduce(args) -> int:
             readme = "README.md"  # the repository's README, when the report is made from its results/
         if readme:
             changed = sync_readme(readme, args.results)
-            print(f"{readme}: {len(changed)} generated block(s) (results tables, claims) regenerated" + "".join(f"\n  {c}" for c in changed))
+            print(f"{readme}: {len(changed)} generated block(s) (results tables, claims) regenerated"
+                  + "".join(f"\n  {c}" for c in changed))
         return 0
     import time
 
