@@ -278,8 +278,6 @@ def test_run_step_check_refuses_bad_input_before_work(tmp_path, saved_run):
         nc.run_step_check(spec, out, preset="smoke", checkpoint=junk)
 
 
-
-
 def test_the_command_prints_and_writes_the_check(saved_run, tmp_path, capsys):
     spec, out = saved_run
     toml = tmp_path / "tiny.toml"

@@ -31,8 +31,8 @@ from pathlib import Path
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import compact_path
 from pflkit.report.divergence import mark_divergence
-from pflkit.report.reproduction import (STALE, catalog_stubs, claims_table, data_label, load_results, out_of_date,
-                                        run_time)
+from pflkit.report.reproduction import (STALE, UNSEEN, catalog_stubs, claims_table, data_label, load_results,
+                                        method_result, out_of_date, run_time)
 
 BLOCK = re.compile(r"<!-- results (?P<preset>[\w-]+): (?P<names>[^>]*?) -->\n(?P<body>.*?)<!-- /results -->",
                    re.DOTALL)
@@ -69,23 +69,9 @@ def _ours(method: dict | None) -> str:
     return text
 
 
-UNSEEN = " (unseen)"  # a method's accuracy on the clients that took no part in training (FedL2P's Table 4)
-
-
-def _method(result: dict, label: str) -> dict | None:
-    """The method ``label`` of a result; for ``"X (unseen)"``, X's accuracy on the unseen clients."""
-    methods = result.get("methods", {})
-    if label not in methods and label.endswith(UNSEEN) and label[:-len(UNSEEN)] in methods:
-        base = methods[label[:-len(UNSEEN)]]
-        if not base.get("unseen"):
-            return None  # not measured on unseen clients in this experiment
-        return {**base["unseen"], "status": "ok"} if base.get("status") == "ok" else {"status": base.get("status")}
-    return methods.get(label)
-
-
 def cell(result: dict, label: str) -> str:
     """``ours (paper)``, ``ours`` without a published number, ``-`` for a method the experiment lacks."""
-    method = _method(result, label)
+    method = method_result(result, label)
     paper = result.get("config", {}).get("published", {}).get(label)
     if method is None:
         return "-"
@@ -140,19 +126,29 @@ def _papers(m: re.Match) -> tuple[str, ...]:
     return tuple(p.strip() for p in m["papers"].split(",") if p.strip())
 
 
-def claims_text(preset: str, papers, results_dir="results", catalog=None) -> str:
-    """The text of one claims block: claim, verdict, the paper's number and ours, for each claim of
-    ``papers``, checked on every result of ``preset`` (experiments of the catalog without one count as not run)."""
-    rows = {**catalog_stubs(preset, catalog), **load_results(results_dir).get(preset, {})}
-    return claims_table(rows, papers, why=False)
+def _claims_rows(preset: str, results_dir, catalog) -> dict[str, dict]:
+    """Every result of ``preset``, with the catalog's experiments that have none as stubs (counted not run)."""
+    return {**catalog_stubs(preset, catalog), **load_results(results_dir).get(preset, {})}
+
+
+def _claims_bodies(text: str, results_dir, catalog) -> list[tuple[re.Match, str]]:
+    """Every claims block of ``text`` with the text the results give it: claim, verdict, the paper's number and
+    ours, for each claim of the block's papers (each preset's results read once)."""
+    rows: dict[str, dict] = {}
+    out = []
+    for m in CLAIMS.finditer(text):
+        if m["preset"] not in rows:
+            rows[m["preset"]] = _claims_rows(m["preset"], results_dir, catalog)
+        out.append((m, claims_table(rows[m["preset"]], _papers(m), why=False)))
+    return out
 
 
 def stale_blocks(text: str, results_dir="results", catalog=None) -> list[str]:
     """``preset: names`` of every results block, ``claims preset: papers`` of every claims block, whose
     text differs from what the results give."""
     out = [f"{b.preset}: {', '.join(b.names)}" for b in blocks(text) if b.body != expected(b, results_dir)]
-    return out + [f"claims {m['preset']}: {', '.join(_papers(m))}" for m in CLAIMS.finditer(text)
-                  if m["body"] != claims_text(m["preset"], _papers(m), results_dir, catalog)]
+    return out + [f"claims {m['preset']}: {', '.join(_papers(m))}"
+                  for m, body in _claims_bodies(text, results_dir, catalog) if m["body"] != body]
 
 
 def sync_text(text: str, results_dir="results", catalog=None) -> str:
@@ -161,10 +157,13 @@ def sync_text(text: str, results_dir="results", catalog=None) -> str:
         header = m.group(0)[: m.start("body") - m.start()]
         return header + expected(_block(m), results_dir) + "<!-- /results -->"
 
+    text = BLOCK.sub(fill, text)
+    bodies = iter(body for _, body in _claims_bodies(text, results_dir, catalog))
+
     def fill_claims(m: re.Match) -> str:
         header = m.group(0)[: m.start("body") - m.start()]
-        return header + claims_text(m["preset"], _papers(m), results_dir, catalog) + "<!-- /claims -->"
-    return CLAIMS.sub(fill_claims, BLOCK.sub(fill, text))
+        return header + next(bodies) + "<!-- /claims -->"
+    return CLAIMS.sub(fill_claims, text)
 
 
 def sync_readme(readme="README.md", results_dir="results", catalog=None) -> list[str]:

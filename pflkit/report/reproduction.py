@@ -142,13 +142,23 @@ def data_label(res: dict) -> str:
     return f"{label}, STAND-IN for {other} (the paper's numbers are on {other})" if other else label
 
 
-def _ours(res: dict, label: str) -> str | None:
+UNSEEN = " (unseen)"  # a method's accuracy on the clients that took no part in training (FedL2P's Table 4)
+
+
+def method_result(res: dict, label: str) -> dict | None:
+    """Method ``label`` of a result. ``"X (unseen)"`` is X on the unseen clients: None when X was not measured
+    on unseen clients, X's status when X did not finish."""
     methods = res.get("methods", {})
-    m = methods.get(label)
-    if m is None and label.endswith(" (unseen)") and label[:-9] in methods:
-        base = methods[label[:-9]]
-        u = base.get("unseen") if base.get("status") == "ok" else None
-        return f"{u['acc_mean']:.2f}" if u else base.get("status")
+    base = methods.get(label[:-len(UNSEEN)]) if label not in methods and label.endswith(UNSEEN) else None
+    if base is None:
+        return methods.get(label)
+    if not base.get("unseen"):
+        return None
+    return {**base["unseen"], "status": "ok"} if base.get("status") == "ok" else {"status": base.get("status")}
+
+
+def _ours(res: dict, label: str) -> str | None:
+    m = method_result(res, label)
     if m is None:
         return None
     if m.get("status") != "ok" or m.get("acc_mean") is None:
