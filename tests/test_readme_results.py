@@ -66,6 +66,9 @@ def test_the_report_gives_a_resumed_runs_time_over_all_its_stages():
     assert run_time({"timing": {"wall_seconds": 1087.2, "total_seconds": 4462.6},
                      "reused": {"FedL2P": {"from": "x", "seeds": [0]}}}) == \
         "18.1 min here; 74.4 min over its stages with those taken from another run"
+    # under a minute in seconds, not "0 min" (the demo at `cpu` takes about 20 s on one thread)
+    assert run_time({"timing": {"wall_seconds": 19.8, "total_seconds": 19.6}}, decimals=0) == "20 s"
+    assert run_time({"timing": {"wall_seconds": 59.4, "total_seconds": 59.0}}) == "59 s"
 
 
 def test_the_batch_time_counts_each_runs_own_time_once():

@@ -182,22 +182,27 @@ def _labels(rows: list[dict]) -> list[str]:
     return list(labels)
 
 
+def _span(seconds: float, decimals: int) -> str:
+    """``"20 s"`` under a minute (a run that short reads "0.3 min" otherwise), else minutes."""
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.{decimals}f} min"
+
+
 def run_time(res: dict, decimals: int = 1) -> str:
-    """How long a run took, in minutes: its wall time, or, when the run was resumed from stages an
-    earlier invocation had finished (its stages took longer than the last invocation), the time of
-    all its stages with the last invocation's beside it; with stages taken from another run (``reused``),
-    its own time first. "" when the result records no timing."""
+    """How long a run took, in minutes (seconds under one): its wall time, or, when the run was resumed
+    from stages an earlier invocation had finished (its stages took longer than the last invocation), the
+    time of all its stages with the last invocation's beside it; with stages taken from another run
+    (``reused``), its own time first. "" when the result records no timing."""
     timing = res.get("timing") or {}
     wall, stages = timing.get("wall_seconds"), timing.get("total_seconds")
     if not wall:
         return ""
     if stages and stages > wall + 60 and res.get("reused"):
-        return (f"{wall / 60:.{decimals}f} min here; {stages / 60:.{decimals}f} min over its stages with those "
+        return (f"{_span(wall, decimals)} here; {_span(stages, decimals)} over its stages with those "
                 "taken from another run")
     if stages and stages > wall + 60:
-        return (f"{stages / 60:.{decimals}f} min over its stages (resumed; the last invocation "
-                f"{wall / 60:.{decimals}f} min)")
-    return f"{wall / 60:.{decimals}f} min"
+        return (f"{_span(stages, decimals)} over its stages (resumed; the last invocation "
+                f"{_span(wall, decimals)})")
+    return _span(wall, decimals)
 
 
 def own_seconds(res: dict) -> float:
