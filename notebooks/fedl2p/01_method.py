@@ -72,6 +72,7 @@ download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
 standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
 figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
 seed = 0
+results_root = None  # a folder of saved runs (<results_root>/demo/), e.g. pflkit reproduce's work folder
 
 # %%
 import matplotlib.pyplot as plt
@@ -119,11 +120,12 @@ plt.show()
 # ## 2. The demo: FedAvg, three ways to fine-tune, and FedL2P
 # `session.run` (`pflkit.runner.run_experiment`) pretrains with FedAvg, tests the global model, fine-tunes it
 # per client with each fixed BN mode (lr and epochs fixed by hand), then learns FedL2P's meta-nets over a few
-# rounds and personalizes every client with its own beta and eta. The same from a shell: `pflkit demo`.
+# rounds and personalizes every client with its own beta and eta. The same from a shell: `pflkit demo`. With
+# `results_root` set, a finished run `<results_root>/demo/` of this preset is read instead of trained.
 
 # %%
-results = session.run("demo")
-run_dir = session.run_dir("demo")
+results = session.run("demo", results_root=results_root)
+run_dir = session.run_dir("demo", results_root)
 print(session.format_table(results))
 print(versus_finetuning(results))
 

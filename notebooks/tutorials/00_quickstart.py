@@ -68,6 +68,7 @@ download = True
 standin = False
 figures_dir = None  # None: out_dir/figures
 seed = 0
+results_root = None  # a folder of saved runs (<results_root>/demo/), e.g. pflkit reproduce's work folder
 
 # %%
 import matplotlib.pyplot as plt
@@ -104,10 +105,11 @@ print("train samples per client:", fed.sizes("train"))
 # `session.run` (`pflkit.runner.run_experiment`) trains the pretraining stage (FedAvg: each round a fraction
 # of clients trains locally and the server averages their weights, weighted by sample count), tests the global
 # model on each client ("Global"), then fine-tunes it on each client's train split with each BN mode and tests
-# it. Everything lands in `out_dir/demo/results.json`.
+# it. Everything lands in `out_dir/demo/results.json` (with `results_root` set, a finished run
+# `<results_root>/demo/` of this preset is read instead).
 
 # %%
-results = session.run("demo")
+results = session.run("demo", results_root=results_root)
 print(session.format_table(results))
 
 # %%
