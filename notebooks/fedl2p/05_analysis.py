@@ -109,13 +109,21 @@ run_dir = session.run_dir(experiment, results_root)
 data_label = session.dataset_label(results)
 print(session.format_table(results))
 report = load_report(run_dir, "FedL2P", seed)
-used = results["config"]["data"]["dataset"]
-key = "corruption" if used == "cifar10c" else "domain"
-names = session.load(used, **results["config"]["data"]["options"]).meta.group_names.get(key)
+
+
+def groups_of(res, folder, rows):
+    """(key, group names, each client's group) of a run: its dataset's domains (corruptions on CIFAR-10-C);
+    names None and three arbitrary groups where the dataset has none (e.g. the digits stand-in)."""
+    used = res["config"]["data"]["dataset"]
+    key = "corruption" if used == "cifar10c" else "domain"
+    names = session.load(used, **res["config"]["data"]["options"]).meta.group_names.get(key)
+    return key, names, client_groups(folder, key, seed) if names is not None else np.arange(len(rows)) % 3
+
+
+key, names, domains = groups_of(results, run_dir, report)
 if names is None:
     print(f"{data_label} has no {key}s: three arbitrary client groups stand in for them, so the ARIs below "
           "only show the pipeline (expect about 0)")
-domains = client_groups(run_dir, key, seed) if names is not None else np.arange(len(report)) % 3
 print("clients per domain:", dict(zip(*np.unique(domains, return_counts=True))))
 
 # %% [markdown]
@@ -194,11 +202,8 @@ if conditioning:
     cond = session.run(conditioning, results_root=results_root)
     cond_dir = session.run_dir(conditioning, results_root)
     cond_label = session.dataset_label(cond)
-    cond_used = cond["config"]["data"]["dataset"]
-    cond_names = session.load(cond_used, **cond["config"]["data"]["options"]).meta.group_names.get("domain")
     cond_report = load_report(cond_dir, "FedL2P", seed)
-    cond_domains = (client_groups(cond_dir, "domain", seed) if cond_names is not None
-                    else np.arange(len(cond_report)) % 3)
+    _, cond_names, cond_domains = groups_of(cond, cond_dir, cond_report)
     print(f"{conditioning}:", beta_summary(cond_report))
     fig = plot_hyperparameters_by_domain(cond_report, cond_domains, cond_names,
                                          f"{conditioning} ({cond_label}, preset {preset}): by domain")
