@@ -104,10 +104,15 @@ def _matches(cfg, donor_fp: dict, donor: Path, keep_states: bool) -> tuple[dict,
 
 
 def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool = False) -> dict[str, dict]:
-    """Start the run folder ``folder`` over with the finished stages that another run folder of its
-    parent (the batch's work folder) holds under the same key, seed by seed, from the donor that has the
-    most of them; returns ``{label: {"from": experiment, "seeds": [...]}}`` (empty, and ``folder``
-    untouched, when nothing matches).
+    """Start the run folder ``folder`` over with the finished stages that other run folders of its
+    parent (the batch's work folder) hold under the same key, seed by seed; returns
+    ``{label: {"from": experiment, "seeds": [...]}}`` (empty, and ``folder`` untouched, when nothing
+    matches).
+
+    The donor that has the most of them comes first; a stage it lacks comes from another donor that read
+    the same data files (the same fingerprint for ``cfg``), the one with the most seeds of that stage. So
+    the stages of one long experiment can be trained side by side, in run folders of experiments that
+    each hold some of them, and then put together.
 
     The donor's data record goes into ``folder``'s ``run.json`` together with ``cfg``'s settings, so the
     runner resumes the folder only when it reads the same data files. ``marker``: the file name of the
@@ -119,9 +124,17 @@ def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool 
     found = [f for f in found if f[3]]
     if not found:
         return {}
-    name, donor, fp, taken = max(found, key=lambda f: sum(len(t["seeds"]) for t in f[3].values()))
+    found.sort(key=lambda f: -sum(len(t["seeds"]) for t in f[3].values()))  # stable: ties in folder order
+    fp = found[0][2]
+    plan: dict[str, tuple[str, Path, dict]] = {}
+    for name, donor, donor_fp, taken in found:
+        if donor_fp != fp:  # other data files: its stages would not match what this run reads
+            continue
+        for label, t in taken.items():
+            if label not in plan or len(t["seeds"]) > len(plan[label][2]["seeds"]):
+                plan[label] = (name, donor, t)
     clear_run(folder)  # whatever an earlier run of other settings left there
-    for label, t in taken.items():
+    for label, (_, donor, t) in plan.items():
         for s in t["seeds"]:
             seed_dir = folder / f"seed{s}"
             seed_dir.mkdir(parents=True, exist_ok=True)
@@ -131,4 +144,4 @@ def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool 
                 else:
                     shutil.copy2(path, seed_dir / path.name.replace(slug(t["label"]), slug(label), 1))
     write_json(folder / RUN_FILE, {"fingerprint": fp, "hash": fingerprint_hash(fp)})
-    return {label: {"from": name, "seeds": t["seeds"]} for label, t in taken.items()}
+    return {label: {"from": name, "seeds": t["seeds"]} for label, (name, _, t) in plan.items()}

@@ -84,6 +84,10 @@ def test_the_batch_time_counts_each_runs_own_time_once():
         "Time here: the 2 runs took 1.8 h in all (the sum of each run's own time; a stage taken from another run "
         "counts once); the longest, `a`, 1.2 h.")
     assert batch_time([untimed]) == ""
+    # stages taken from part runs with no result of their own (trained beside the rest) count in b
+    parts = {**reusing, "reused": {"FedL2P": {"from": "b_part2", "seeds": [0]}}}
+    assert own_seconds(parts, frozenset({"a", "b"})) == 9000.0 and own_seconds(parts) == 1800.0
+    assert batch_time([resumed, parts]).startswith("Time here: the 2 runs took 3.8 h in all")
 
 
 def test_hardware_names_the_gpu_else_the_cpus_instruction_set_and_counts_a_mix():

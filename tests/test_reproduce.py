@@ -851,6 +851,30 @@ def test_a_stage_is_taken_only_with_the_same_settings_code_and_data(tmp_path, mo
     assert _numbers(again) == _numbers(_batch(tmp_path / "alone", catalog, "tiny_b", reuse=False))
 
 
+def test_one_experiments_stages_trained_in_two_part_runs_are_put_together(tmp_path):
+    """Two part runs of one experiment (each with some of its methods: trained side by side) seed its own
+    folder, each stage from the part that has it, and its numbers are the fresh run's, client for client."""
+    catalog = tmp_path / "catalog"
+    _tiny_pair(catalog)  # tiny_b: Global, FT C, FT (BN G)
+    text = (catalog / "tiny" / "tiny_b.toml").read_text()
+    part = text.replace('[methods."FT C"]', '[methods."FT B"]').replace('"FT C" =', '"FT B" =')
+    (catalog / "tiny" / "tiny_part2.toml").write_text(part.split('[methods."FT B"]')[0] + '[methods."FT (BN G)"]'
+                                                      + part.split('[methods."FT (BN G)"]')[1])
+    _batch(tmp_path / "shared", catalog, "tiny_a")  # part 1: Global and the fine-tuning FT C is
+    _batch(tmp_path / "shared", catalog, "tiny_part2")  # part 2: Global and FT (BN G)
+    whole = _batch(tmp_path / "shared", catalog, "tiny_b")
+    assert whole["reused"] == {"Global": {"from": "tiny_a", "seeds": [0]}, "FT C": {"from": "tiny_a", "seeds": [0]},
+                               "FT (BN G)": {"from": "tiny_part2", "seeds": [0]}}
+    assert _numbers(whole) == _numbers(_batch(tmp_path / "alone", catalog, "tiny_b", reuse=False))
+    # a part that read other data files gives nothing, the rest still comes from the first part
+    run = json.loads((tmp_path / "shared" / "work" / "tiny_part2" / "run.json").read_text())
+    run["fingerprint"]["data"]["files"] = [{"bytes": 1, "sha256": "0" * 64}]
+    (tmp_path / "shared" / "work" / "tiny_part2" / "run.json").write_text(json.dumps(run))
+    shutil.rmtree(tmp_path / "shared" / "work" / "tiny_b")
+    again = _batch(tmp_path / "shared", catalog, "tiny_b", force=True)
+    assert set(again["reused"]) == {"Global", "FT C"} and _numbers(again) == _numbers(whole)
+
+
 def test_stage_keys_follow_what_a_stage_starts_from():
     from pflkit.reuse import stage_keys
 

@@ -205,18 +205,26 @@ def run_time(res: dict, decimals: int = 1) -> str:
     return _span(wall, decimals)
 
 
-def own_seconds(res: dict) -> float:
+def own_seconds(res: dict, batch: frozenset[str] | None = None) -> float:
     """The compute one run spent itself: all its stages' time when it was resumed, its wall time when it
-    took stages from another run (those count in that run), 0 when the result records no timing."""
+    took stages from other runs (those count in their own), 0 when the result records no timing.
+
+    ``batch``: the experiments whose results are counted beside it. Stages taken from a run outside it
+    (a part run that trained some of this experiment's stages beside the others) count here: then all
+    its stages' time."""
     timing = res.get("timing") or {}
     wall, stages = timing.get("wall_seconds") or 0.0, timing.get("total_seconds") or 0.0
-    return wall if res.get("reused") else max(wall, stages)
+    donors = {r["from"] for r in (res.get("reused") or {}).values()}
+    counted_there = donors and (batch is None or donors <= batch)
+    return wall if counted_there else max(wall, stages)
 
 
 def batch_time(results) -> str:
     """One sentence: what the runs of ``results`` took in all (`own_seconds` summed, so a stage two
-    experiments share counts once) and the longest of them; "" when none records a time."""
-    timed = [t for t in sorted(((own_seconds(r), r["experiment"]) for r in results), reverse=True) if t[0] > 0]
+    experiments share counts once, a stage of a part run not in ``results`` in the run it went to) and the longest of them; "" when none records a time."""
+    names = frozenset(r["experiment"] for r in results)
+    timed = [t for t in sorted(((own_seconds(r, names), r["experiment"]) for r in results), reverse=True)
+             if t[0] > 0]
     if not timed:
         return ""
     total = sum(s for s, _ in timed)
