@@ -127,8 +127,8 @@ def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool 
     found.sort(key=lambda f: -sum(len(t["seeds"]) for t in f[3].values()))  # stable: ties in folder order
     fp = found[0][2]
     plan: dict[str, tuple[str, Path, dict]] = {}
-    for name, donor, donor_fp, taken in found:
-        if donor_fp != fp:  # other data files: its stages would not match what this run reads
+    for name, donor, target, taken in found:
+        if target != fp:  # the donor read other data files than the first one
             continue
         for label, t in taken.items():
             if label not in plan or len(t["seeds"]) > len(plan[label][2]["seeds"]):
