@@ -221,7 +221,8 @@ def own_seconds(res: dict, batch: frozenset[str] | None = None) -> float:
 
 def batch_time(results) -> str:
     """One sentence: what the runs of ``results`` took in all (`own_seconds` summed, so a stage two
-    experiments share counts once, a stage of a part run not in ``results`` in the run it went to) and the longest of them; "" when none records a time."""
+    experiments share counts once, a stage of a part run not in ``results`` in the run it went to) and the
+    longest of them; "" when none records a time."""
     names = frozenset(r["experiment"] for r in results)
     timed = [t for t in sorted(((own_seconds(r, names), r["experiment"]) for r in results), reverse=True)
              if t[0] > 0]
