@@ -88,9 +88,11 @@ def default_out(cfg, overrides: list[str]) -> Path:
 
 
 def _cmd_notebooks(args) -> int:
-    from pflkit.notebooks import figures_root, run_notebooks
+    from pflkit.notebooks import figures_root, find_notebooks, run_notebooks
 
-    params = {"device": args.device}
+    if args.commit:
+        return _commit_notebooks(find_notebooks(args.only), figures_root() if args.figures else None)
+    params = {"device": args.device, "source": args.source}
     if args.data_root:
         params["data_root"] = args.data_root
     if args.standin:
@@ -99,6 +101,14 @@ def _cmd_notebooks(args) -> int:
     done = run_notebooks(args.preset, args.only, args.out, params, figures_dir=figures)
     for p in done:
         print(f"executed: {p}")
+    return 0
+
+
+def _commit_notebooks(notebooks, figures) -> int:
+    from pflkit.notebook_outputs import commit_notebooks
+
+    for nb, seconds, changed in commit_notebooks(notebooks, figures):
+        print(f"{'written' if changed else 'unchanged'}: {nb.relative_to(nb.parents[2])} ({seconds:.1f} s)")
     return 0
 
 
@@ -226,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standin", action="store_true", help="replace every dataset but sklearn digits by digits (labelled STAND-IN)")
     p.add_argument("--figures", action="store_true",
                    help="write figures to the repository's figures/ (default: under each notebook's --out)")
+    p.add_argument("--source", default="train", choices=["train", "results"],
+                   help="train: run the experiments at --preset (default); results: draw from the committed results")
+    p.add_argument("--commit", action="store_true",
+                   help="execute every notebook on the committed results of preset cpu and write it back into "
+                        "notebooks/ with its outputs (with --figures, figures/ too)")
     p.set_defaults(fn=_cmd_notebooks)
     p = sub.add_parser("reproduce", help="every experiment in one resumable batch -> results/PRESET/*.json; "
                        "--report writes REPRODUCTION.md")

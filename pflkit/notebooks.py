@@ -19,6 +19,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+SOURCES = ("results", "train")  # a notebook's `source`: draw from the committed results, or train here
 SMOKE_NOTE = ("preset 'smoke': tiny sizes, so the accuracies below are meaningless; "
               "they only show that the code runs (use preset 'cpu' or 'paper' for numbers)")
 
@@ -88,6 +89,8 @@ class Session:
     out: Path
     figures: Path
     seed: int
+    source: str = "train"  # train: train here; results: the committed results of `preset`, no training
+    results_dir: str | None = None  # where the committed results are (`pflkit.report.committed.results_dir`)
 
     def _standin_overrides(self, cfg) -> list[str]:
         if not self.standin or cfg.data.dataset not in STANDINS:
@@ -125,9 +128,51 @@ class Session:
 
         return mark_divergence(self._results(name, *overrides, results_root=results_root))
 
+    def committed(self, name: str) -> dict:
+        """Experiment ``name``'s committed result at this preset (`pflkit.report.committed.read_committed`)."""
+        from pflkit.report.committed import read_committed
+
+        return read_committed(name, self.preset, self.results_dir)
+
+    def training_time(self, name: str) -> str:
+        """What training ``name`` at this preset cost the committed batch (`pflkit.report.committed`)."""
+        from pflkit.report.committed import MissingResultError, training_time
+
+        try:
+            return training_time(self.committed(name))
+        except MissingResultError:
+            return "no committed run to time it by"
+
+    def run_times(self, names) -> "pd.DataFrame":
+        """The notebook's run time per preset and source, from the committed batch's stored timings:
+        results mode reads files (seconds); training costs what the batch's runs of ``names`` took."""
+        import pandas as pd
+
+        from pflkit.report.committed import MissingResultError, read_committed, total_training_time
+
+        rows = []
+        for preset in ("smoke", "cpu", "paper"):
+            try:
+                found = [read_committed(n, preset, self.results_dir if preset == self.preset else None)
+                         for n in names]
+                train = total_training_time(found) + " (the committed batch, one CPU thread each)"
+                results = "seconds: reads the committed results, trains nothing"
+            except MissingResultError:
+                train = "minutes, no committed timing" if preset == "smoke" else "not run by the batch yet"
+                results = "no committed results of this preset"
+            rows.append({"preset": preset, "source='results'": results, "source='train'": train})
+        return pd.DataFrame(rows).set_index("preset")
+
     def _results(self, name: str, *overrides: str, results_root: str | os.PathLike | None = None) -> dict:
         from pflkit.io import read_json
 
+        if self.source == "results":
+            res = self.committed(name)
+            extra = sorted(set(overrides) - set(res.get("overrides") or ()) - {f"seed={self.seed}"})
+            if extra:
+                raise ValueError(f"{name}: overrides {extra} have no committed result; run them with source='train'")
+            print(f"{name}: the committed result (preset {self.preset}; training it took {self.training_time(name)})")
+            return res
         folder = self.run_dir(name, results_root)
         if folder != self.out / name:
             print(f"{name}: results read from {folder}")
@@ -136,7 +181,8 @@ class Session:
 
         # re-executing a cell continues (or reuses) the run in `folder`; other settings start it over
         cfg, kwargs = self.resolve(name, *overrides), dict(data_root=self.data_root, download=self.download,
-                                                            progress=False)
+                                                            progress=True)
+        print(f"{name}: training at preset {self.preset}; the committed batch took {self.training_time(name)}")
         try:
             return run_experiment(cfg, folder, resume=True, **kwargs)
         except RunMismatchError as e:
@@ -211,11 +257,14 @@ class Session:
         from pflkit.report.claims import check_all, conclusion
         from pflkit.report.compact import analysis
 
-        runs = {name: (read_json(f / "results.json"), f) for name in names
-                if ((f := self.run_dir(name, results_root)) / "results.json").exists()}
-        runs.update(made or {})
-        found = {name: {**res, "analysis": analysis(Path(folder), res) if folder else {}}
-                 for name, (res, folder) in runs.items()}
+        if self.source == "results":
+            found = {name: self.committed(name) for name in names}
+        else:
+            runs = {name: (read_json(f / "results.json"), f) for name in names
+                    if ((f := self.run_dir(name, results_root)) / "results.json").exists()}
+            runs.update(made or {})
+            found = {name: {**res, "analysis": analysis(Path(folder), res) if folder else {}}
+                     for name, (res, folder) in runs.items()}
         checked = [c for c in check_all(found) if c.paper == paper]
         frame = pd.DataFrame([{"claim": c.text, "verdict": c.verdict, "paper": c.paper_value, "ours": c.ours,
                                "why": c.reason} for c in checked])
@@ -256,11 +305,15 @@ def _threads(preset: str, threads: int | None) -> int:
 
 def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: str = "auto",
           download: bool = True, standin: bool = False, figures_dir: str | None = None, seed: int = 0,
-          threads: int | None = None) -> Session:
+          threads: int | None = None, source: str = "train", results_dir: str | None = None) -> Session:
     """Set up a notebook run: torch threads, matplotlib defaults, device, output folders.
 
     Args:
         preset: ``smoke``, ``cpu`` or ``paper``; at ``smoke`` one line says the numbers are meaningless.
+        source: ``results`` (every table and figure from the committed results of ``preset``, no training)
+            or ``train`` (train here, with progress bars; the committed batch's time is printed first).
+        results_dir: where the committed results are (default: ``$PFLKIT_RESULTS``, then the checkout's
+            ``results/``; `pflkit.report.committed.results_dir`).
         out_dir: the run folder; results go to ``out_dir/<experiment>``.
         data_root: a folder with datasets (searched before ``$PFLKIT_DATA`` and the cache).
         device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
@@ -274,33 +327,44 @@ def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: st
 
     if preset not in ("smoke", "cpu", "paper"):
         raise ValueError(f"preset={preset!r}: must be smoke, cpu or paper")
-    torch.set_num_threads(_threads(preset, threads))
-    try:
-        import matplotlib as mpl
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r}: must be one of {', '.join(SOURCES)}")
+    if source == "results":
+        from pflkit.report.committed import results_dir as find
 
-        mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight"})
-    except ImportError:
-        pass
+        results_dir = str(find(preset, results_dir))  # no committed results: say so before any work
+    torch.set_num_threads(_threads(preset, threads))
+    from pflkit.report.figures import use_style
+
+    use_style()
     out = Path(out_dir)
     figures = Path(figures_dir) if figures_dir else out / "figures"
     out.mkdir(parents=True, exist_ok=True)
     figures.mkdir(parents=True, exist_ok=True)
     session = Session(preset=preset, device=resolve_device(device), data_root=data_root, download=download,
-                      standin=standin, out=out, figures=figures, seed=seed)
+                      standin=standin, out=out, figures=figures, seed=seed, source=source, results_dir=results_dir)
     if preset == "smoke":
         print(SMOKE_NOTE)
-    print(f"pflkit: preset {preset}, device {session.device}, {torch.get_num_threads()} thread(s)"
-          + (", stand-in datasets" if standin else ""))
+    if source == "results":
+        print(f"pflkit: the committed results of preset {preset} (no training; source='train' trains them here)")
+    else:
+        print(f"pflkit: training at preset {preset}, device {session.device}, {torch.get_num_threads()} thread(s)"
+              + (", stand-in datasets" if standin else ""))
     return session
 
 
 # ----------------------------------------------------------------------------- Colab badge and install cell
 
 CLONE_DIR = "pflkit-src"  # not "pflkit": a folder of that name in the working directory shadows the package
+# the install cell shows collapsed: its source hidden in Jupyter, a form (its title only) in Colab
+INSTALL_METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
+INSTALL_HEADER = '# %% tags=["install"] cellView="form" jupyter={"source_hidden": true}'  # the same, in a .py twin
 
 _INSTALL_CELL = '''\
-# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
-# "Restart runtime". The clone goes to "{clone}": a folder named "pflkit" here would shadow the package.
+#@title Install pflkit (Colab or a fresh machine; skipped where it is installed) {{ display-mode: "form" }}
+# Skipped when pflkit and the packages its notebooks use all import, also after "Restart runtime". An
+# install that was interrupted (a clone whose dependencies are missing) is completed. The clone goes to
+# "{clone}": a folder named "pflkit" here would shadow the package.
 import importlib
 import subprocess
 import sys
@@ -309,16 +373,17 @@ from pathlib import Path
 src = Path("{clone}").absolute()
 if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
     sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+needed = ["pflkit.cli", "torch", "numpy", "matplotlib", "seaborn", "pandas", "sklearn", "tqdm", "papermill"]
 try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
-    import pflkit.cli
-
+    for name in needed:
+        importlib.import_module(name)
     installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
 except ImportError:
     installed = False
 if not installed:
-    if not src.exists():
+    if not (src / "pyproject.toml").exists():
         subprocess.run(["git", "clone", "--depth", "1", "{url}.git", str(src)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{{src}}[notebooks]"], check=True)
     # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
     sys.path.insert(0, str(src))
     for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
@@ -356,10 +421,10 @@ def _fix_badge(text: str, target: str) -> str:
 
 def _sync_py(path: Path, cell: str, target: str) -> str:
     text = _fix_badge(path.read_text(), target)
-    pattern = re.compile(r'(# %% tags=\["install"\]\n)(.*?)(?=\n+# %%)', re.DOTALL)
+    pattern = re.compile(r'(# %% [^\n]*tags=\["install"\][^\n]*\n)(.*?)(?=\n+# %%)', re.DOTALL)
     if not pattern.search(text):
         raise ValueError(f"{path}: no cell tagged 'install'")
-    return pattern.sub(lambda m: m[1] + cell, text, count=1)
+    return pattern.sub(lambda m: INSTALL_HEADER + "\n" + cell, text, count=1)
 
 
 def _sync_ipynb(path: Path, cell: str, target: str) -> str:
@@ -368,6 +433,7 @@ def _sync_ipynb(path: Path, cell: str, target: str) -> str:
         src = "".join(c["source"])
         if c["cell_type"] == "code" and "install" in c.get("metadata", {}).get("tags", []):
             src = cell
+            c["metadata"].update(INSTALL_METADATA)
         elif c["cell_type"] == "markdown":
             src = _fix_badge(src, target)
         c["source"] = src.splitlines(keepends=True)
@@ -421,7 +487,8 @@ def find_notebooks(only: str | None = None, root: Path | None = None) -> list[Pa
 
 def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Path = "notebooks_out",
                   parameters: dict[str, Any] | None = None, kernel: str | None = None,
-                  only_names: list[str] | None = None, figures_dir: str | Path | None = None) -> list[Path]:
+                  only_names: list[str] | None = None, figures_dir: str | Path | None = None,
+                  root: Path | None = None, timeout: int | None = None) -> list[Path]:
     """Execute notebooks with papermill into ``out`` (mirroring folders).
 
     Every notebook receives ``preset`` and ``out_dir`` (plus ``parameters``) through its cell
@@ -437,7 +504,7 @@ def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Pat
     bindir = os.path.dirname(sys.executable)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    root = notebooks_dir()
+    root = root or notebooks_dir()
     out = Path(out)
     done = []
     for nb in find_notebooks(only, root):
@@ -451,7 +518,7 @@ def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Pat
             params["figures_dir"] = str((Path(figures_dir) / rel.parent).resolve())
         log.info("executing %s", rel)
         pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name=kernel, cwd=str(nb.parent),
-                            progress_bar=False)
+                            progress_bar=False, execution_timeout=timeout)
         done.append(target)
     if not done:
         raise ValueError(f"no notebooks found under {root / (only or '')}")

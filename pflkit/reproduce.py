@@ -351,7 +351,8 @@ def run_notebook(folder: str, name: str, preset: str, work: Path, parameters: di
     shutil.rmtree(work / "notebooks" / folder / Path(name).stem, ignore_errors=True)
     try:  # only the parameters the notebook declares (results_root: those that can read saved runs)
         declared = pm.inspect_notebook(str(notebooks_dir() / folder / name))
-        params = {k: v for k, v in parameters.items() if k in declared}
+        # the batch's notebooks train (or read the batch's run folders), never the committed results
+        params = {k: v for k, v in {"source": "train", **parameters}.items() if k in declared}
         run_notebooks(preset, folder, work / "notebooks", params, only_names=[name], figures_dir=figures)
     except Exception as e:  # noqa: BLE001 - papermill's error names the cell; keep the batch going
         ename, evalue = getattr(e, "ename", ""), getattr(e, "evalue", "")

@@ -149,17 +149,19 @@ def fake_run(cmd, *args, **kwargs):  # git and pip stubs: log the call; a clone 
         os.symlink(os.environ["REPO_ROOT"], cmd[-1])
     return subprocess.CompletedProcess(cmd, 0)
 subprocess.run = fake_run
+for name in filter(None, os.environ.get("MISSING", "").split(",")):
+    sys.modules[name] = None  # a dependency that is not installed: importing it raises ImportError
 exec(compile(open(os.environ["CELL_FILE"]).read(), "install-cell", "exec"))
 import pflkit.data.datasets
 print(json.dumps({"calls": calls, "file": pflkit.__file__}))
 """
 
 
-def _run_install_cell(cwd: Path, tmp_path: Path) -> dict:
+def _run_install_cell(cwd: Path, tmp_path: Path, missing: str = "") -> dict:
     cell = tmp_path / "cell.py"
     cell.write_text(install_cell_source(repository_url()))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(REPO_ROOT=str(REPO), CELL_FILE=str(cell))
+    env.update(REPO_ROOT=str(REPO), CELL_FILE=str(cell), MISSING=missing)
     # `python -c` puts the working directory first on sys.path, as a notebook kernel does
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(_DRIVER)], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -176,6 +178,25 @@ def test_install_cell_skips_when_installed_despite_a_pflkit_folder(tmp_path):
     got = _run_install_cell(work, tmp_path)
     assert got["calls"] == []
     assert got["file"].endswith(os.path.join("pflkit", "__init__.py"))
+
+
+def test_install_cell_completes_an_interrupted_install(tmp_path):
+    """A clone is there but a dependency is not (the pip install was stopped): install, do not clone again."""
+    work = tmp_path / "content"
+    work.mkdir()
+    (work / "pflkit-src").symlink_to(REPO)
+    got = _run_install_cell(work, tmp_path, missing="seaborn")
+    assert [c[:2] for c in got["calls"]] == [[os.path.basename(sys.executable), "-m"]]
+    assert got["calls"][0][-1].endswith("[notebooks]"), "installs the notebooks' extras"
+
+
+def test_install_cell_is_collapsed_in_jupyter_and_a_form_in_colab():
+    from pflkit.notebooks import INSTALL_METADATA
+
+    for nb in NOTEBOOKS:
+        cell = next(c for c in _cells(nb) if "install" in c.get("metadata", {}).get("tags", []))
+        assert cell["metadata"]["jupyter"]["source_hidden"] and cell["metadata"]["cellView"] == "form"
+        assert cell["metadata"].items() >= INSTALL_METADATA.items() and _text(cell).startswith("#@title")
 
 
 def test_install_cell_clones_and_installs_when_only_a_stray_folder_imports(tmp_path):
@@ -196,7 +217,7 @@ def test_install_cell_clones_and_installs_when_only_a_stray_folder_imports(tmp_p
 
 def _data_parameters() -> dict:
     root = os.environ.get("PFLKIT_DATA")
-    return {"data_root": root} if root else {"standin": True}
+    return {"source": "train", **({"data_root": root} if root else {"standin": True})}
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=_ids())
@@ -220,10 +241,11 @@ def test_missing_dataset_stops_the_notebook_unless_standin(tmp_path, monkeypatch
     monkeypatch.setenv("PFLKIT_OFFLINE", "1")
     monkeypatch.setenv("PFLKIT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(PapermillExecutionError) as err:
-        run_notebooks("smoke", "fedl2p", tmp_path / "missing", only_names=["02_label_shift.ipynb"])
+        run_notebooks("smoke", "fedl2p", tmp_path / "missing", {"source": "train"},
+                      only_names=["02_label_shift.ipynb"])
     assert err.value.ename == "DatasetNotFoundError"
     assert "cifar10" in err.value.evalue
-    done = run_notebooks("smoke", "fedl2p", tmp_path / "standin", parameters={"standin": True},
+    done = run_notebooks("smoke", "fedl2p", tmp_path / "standin", parameters={"standin": True, "source": "train"},
                          only_names=["02_label_shift.ipynb"])
     text = _outputs(done[0])
     assert "sklearn digits (STAND-IN for CIFAR-10)" in text

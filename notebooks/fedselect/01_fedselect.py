@@ -49,9 +49,11 @@
 # Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
 # [docs/fidelity.md](../../docs/fidelity.md).
 
-# %% tags=["install"]
-# Colab / fresh machine: clone and install pflkit once. Skipped when pflkit is importable, also after
-# "Restart runtime". The clone goes to "pflkit-src": a folder named "pflkit" here would shadow the package.
+# %% tags=["install"] cellView="form" jupyter={"source_hidden": true}
+#@title Install pflkit (Colab or a fresh machine; skipped where it is installed) { display-mode: "form" }
+# Skipped when pflkit and the packages its notebooks use all import, also after "Restart runtime". An
+# install that was interrupted (a clone whose dependencies are missing) is completed. The clone goes to
+# "pflkit-src": a folder named "pflkit" here would shadow the package.
 import importlib
 import subprocess
 import sys
@@ -60,16 +62,17 @@ from pathlib import Path
 src = Path("pflkit-src").absolute()
 if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
     sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
+needed = ["pflkit.cli", "torch", "numpy", "matplotlib", "seaborn", "pandas", "sklearn", "tqdm", "papermill"]
 try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
-    import pflkit.cli
-
+    for name in needed:
+        importlib.import_module(name)
     installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
 except ImportError:
     installed = False
 if not installed:
-    if not src.exists():
+    if not (src / "pyproject.toml").exists():
         subprocess.run(["git", "clone", "--depth", "1", "https://github.com/pflkit/pflkit.git", str(src)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{src}[notebooks]"], check=True)
     # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
     sys.path.insert(0, str(src))
     for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:

@@ -29,60 +29,128 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
     return path
 
 
-def plot_label_distribution(fed, split: str = "train", ax=None, max_clients: int = 50):
-    """Stacked bars of each client's label counts (the picture of label shift)."""
+# Okabe & Ito's palette (distinguishable under every common colour-vision deficiency), black last
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
+HATCHES = ("", "//", "..", "xx")  # beyond eight series the colours repeat with a hatch
+STYLE = {
+    "axes.prop_cycle": matplotlib.cycler(color=OKABE_ITO), "axes.formatter.useoffset": False,
+    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xtick.labelsize": 9, "ytick.labelsize": 9,
+    "legend.fontsize": 9, "figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
+    "axes.spines.top": False, "axes.spines.right": False,
+}
+RESOLUTION = 0.01  # a spread below this fraction of the axis' span cannot be seen on it: state the value
+
+
+def use_style() -> None:
+    """pflkit's figure defaults: the Okabe-Ito colours, no offset notation, fonts legible at notebook width."""
+    matplotlib.rcParams.update(STYLE)
+
+
+def series_style(k: int) -> dict:
+    """Colour and hatch of series ``k`` (bars, areas): Okabe-Ito's colours, then the same with a hatch."""
+    return {"color": OKABE_ITO[k % len(OKABE_ITO)], "hatch": HATCHES[(k // len(OKABE_ITO)) % len(HATCHES)]}
+
+
+def visible_spread(values, span: float | None = None) -> bool:
+    """Whether ``values``' spread (max - min) can be seen on an axis of ``span`` (default: the larger of the
+    values' magnitude and 1e-12): at least `RESOLUTION` of it. Below that, state the value, do not plot it."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    if v.size < 2:
+        return False
+    span = span if span is not None else max(float(np.abs(v).max()), 1e-12)
+    return float(v.max() - v.min()) >= RESOLUTION * span
+
+
+def constant_statement(name: str, values, digits: int = 4) -> str:
+    """``"beta = 0.0296 for every client (spread 4.8e-06)"``: a quantity too flat to plot, said in words."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return f"{name}: no values"
+    return f"{name} = {v.mean():.{digits}g} for every client (spread {v.max() - v.min():.2g})"
+
+
+def text_panel(ax, text: str) -> None:
+    """Replace ``ax``'s drawing by a sentence (a quantity that does not vary, a panel with nothing to show)."""
+    ax.cla()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes)
+
+
+def plot_label_distribution(fed, split: str = "train", ax=None, max_clients: int = 50, title: str | None = None):
+    """Stacked bars of each client's label counts (the picture of label shift): one client a bar, one class a
+    colour (Okabe-Ito, hatched beyond eight), integer client ticks."""
+    from matplotlib.ticker import MaxNLocator
+
     hist = fed.histograms(split)[:max_clients]
     if ax is None:
-        _, ax = plt.subplots(figsize=(min(14, 2 + 0.3 * len(hist)), 3.5))
-    colors = sns.color_palette("tab20", fed.num_classes)
+        _, ax = plt.subplots(figsize=(min(12, 3 + 0.3 * len(hist)), 3.6))
     bottom = np.zeros(len(hist))
+    names = fed.meta.class_names
     for k in range(fed.num_classes):
-        ax.bar(np.arange(len(hist)), hist[:, k], bottom=bottom, color=colors[k], width=0.85,
-               label=fed.meta.class_names[k] if k < len(fed.meta.class_names) else str(k))
+        ax.bar(np.arange(len(hist)), hist[:, k], bottom=bottom, width=0.85, edgecolor="white", linewidth=0.3,
+               label=names[k] if k < len(names) else str(k), **series_style(k))
         bottom += hist[:, k]
-    ax.set_xlabel("client")
-    ax.set_ylabel(f"{split} samples")
-    ax.set_title(f"{fed.meta.name}: {fed.recipe.get('scheme')} {fed.recipe.get('options', {})}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(-0.6, len(hist) - 0.4)
+    ax.set_ylim(0, 1.05 * max(float(bottom.max()), 1.0))
+    ax.set_xlabel("client (index)")
+    ax.set_ylabel(f"{split} samples (count)")
+    ax.set_title(title or f"{fed.meta.name}: samples of each class per client")
     if fed.num_classes <= 20:
-        ax.legend(ncol=min(fed.num_classes, 10), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+        ax.legend(title="class", ncol=min(fed.num_classes, 10), loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                  frameon=False)
     return ax
 
 
-def plot_methods(results: dict, ax=None):
-    """Personalized accuracy per method (mean over seeds, std as error bar), paper's number as a dot."""
+def plot_methods(results: dict, ax=None, paper_label: str = "paper", title: str | None = None):
+    """Personalized accuracy per method: one bar each (mean over seeds, std over seeds as error bar when there
+    are several) with its value printed, the paper's number as a black diamond named by ``paper_label``
+    (say which dataset it is on when that is not the one plotted)."""
     methods = results["methods"]
     labels = list(methods)
-    means = [methods[m]["acc_mean"] if methods[m]["acc_mean"] is not None else np.nan for m in labels]
-    stds = [methods[m]["acc_std"] or 0.0 for m in labels]
+    means = np.array([methods[m]["acc_mean"] if methods[m]["acc_mean"] is not None else np.nan for m in labels])
+    stds = np.array([methods[m]["acc_std"] or 0.0 for m in labels])
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.2 + 1.1 * len(labels), 3.5))
-    ax.bar(labels, means, yerr=stds, color=sns.color_palette("muted", len(labels)), capsize=3, label="pflkit")
+        _, ax = plt.subplots(figsize=(1.5 + 1.1 * len(labels), 3.8))
+    cfg = results.get("config", {})
+    x = np.arange(len(labels))
+    bars = ax.bar(x, means, yerr=stds if stds.any() else None, color=OKABE_ITO[0], capsize=3,
+                  label=f"pflkit (preset {cfg.get('preset')})")
+    ax.bar_label(bars, labels=["not ok" if np.isnan(v) else f"{v:.1f}" for v in means], padding=2, fontsize=8)
     paper = [methods[m].get("published") for m in labels]
     if any(p is not None for p in paper):
-        ax.scatter(labels, [np.nan if p is None else p for p in paper], color="k", zorder=3, label="paper")
-        ax.legend(fontsize=8)
-    cfg = results.get("config", {})
-    ax.set_ylabel("personalized accuracy (%)")
-    ax.set_title(f"{cfg.get('name')} - preset {cfg.get('preset')}")
-    ax.tick_params(axis="x", rotation=20)
+        ax.scatter(x, [np.nan if p is None else p for p in paper], color="k", marker="D", zorder=3,
+                   label=paper_label)
+    ax.legend(loc="lower right", framealpha=0.9)
+    ax.set_xticks(x, labels, rotation=20, ha="right")
+    ax.set_ylabel("personalized test accuracy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title or f"{cfg.get('name')}: accuracy per method")
     return ax
 
 
 ROUND_METRICS = {"val_acc": "validation accuracy (%)", "train_loss": "training loss", "val_loss": "validation loss"}
 
 
-def plot_rounds(results: dict, metric: str = "val_acc", ax=None):
-    """A per-round metric of every trained stage (first seed); accuracies in %, as in every table."""
+def plot_rounds(results: dict, metric: str = "val_acc", ax=None, title: str | None = None):
+    """A per-round metric of every trained stage (first seed); accuracies in %, as in every table. Every
+    logged round is a marker, so a stage with one logged round still shows."""
+    from matplotlib.ticker import MaxNLocator
+
     if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.5))
+        _, ax = plt.subplots(figsize=(5.5, 3.6))
     scale = 100.0 if metric.endswith("acc") else 1.0
     for label, seeds in results["rounds"].items():
         hist = next(iter(seeds.values()), [])
         xs = [h["round"] for h in hist if h.get(metric) is not None]
         ys = [scale * h[metric] for h in hist if h.get(metric) is not None]
         if xs:
-            ax.plot(xs, ys, marker=".", label=label)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(ROUND_METRICS.get(metric, metric + (" (%)" if scale != 1 else "")))
-    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     return ax
