@@ -244,17 +244,13 @@ class Session:
         """The path to save figure ``name`` to (the figures folder of this session)."""
         return self.figures / name
 
-    def claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
-        """The paper's claims (`pflkit.report.claims`) checked on this notebook's runs, as a table, and the
-        paragraph that says what they mean (`claims.conclusion`), written from the verdicts.
-
-        ``names``: experiments run (or read) with `run`; ``made``: ``{experiment: (results, run folder or
-        None)}`` for results made otherwise. An experiment without results is "not run". Returns ``(frame, text)``.
-        """
-        import pandas as pd
-
+    def checked_claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
+        """The paper's claims (`pflkit.report.claims.check_all`) checked on ``names``' results: in results mode
+        the committed ones, else the runs `run` made or read (``made``: ``{experiment: (results, run folder or
+        None)}`` for results made otherwise). An experiment without results is "not run". A list of
+        `ClaimResult` (verdict, paper's value, ours, why), which `pflkit.report.readings.takeaways` reads."""
         from pflkit.io import read_json
-        from pflkit.report.claims import check_all, conclusion
+        from pflkit.report.claims import check_all
         from pflkit.report.compact import analysis
 
         if self.source == "results":
@@ -265,7 +261,16 @@ class Session:
             runs.update(made or {})
             found = {name: {**res, "analysis": analysis(Path(folder), res) if folder else {}}
                      for name, (res, folder) in runs.items()}
-        checked = [c for c in check_all(found) if c.paper == paper]
+        return [c for c in check_all(found) if c.paper == paper]
+
+    def claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
+        """`checked_claims` as a table, and the paragraph that says what they mean (`claims.conclusion`),
+        written from the verdicts. Returns ``(frame, text)``."""
+        import pandas as pd
+
+        from pflkit.report.claims import conclusion
+
+        checked = self.checked_claims(paper, names, results_root, made=made)
         frame = pd.DataFrame([{"claim": c.text, "verdict": c.verdict, "paper": c.paper_value, "ours": c.ours,
                                "why": c.reason} for c in checked])
         return frame, conclusion(checked, self.preset)
