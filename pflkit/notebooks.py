@@ -134,6 +134,17 @@ class Session:
 
         return read_committed(name, self.preset, self.results_dir)
 
+    def rows(self, prefix: str) -> list[str]:
+        """The experiments whose names start with ``prefix``: the committed ones in results mode, else the
+        catalog's (`pflkit.experiments.list_experiments`), sorted."""
+        if self.source == "results":
+            from pflkit.report.committed import results_dir
+
+            return sorted(p.stem for p in results_dir(self.preset, self.results_dir).glob(f"{prefix}*.json"))
+        from pflkit.experiments import list_experiments
+
+        return sorted(n for n in list_experiments() if n.startswith(prefix))
+
     def training_time(self, name: str) -> str:
         """What training ``name`` at this preset cost the committed batch (`pflkit.report.committed`)."""
         from pflkit.report.committed import MissingResultError, training_time
@@ -155,11 +166,11 @@ class Session:
             try:
                 found = [read_committed(n, preset, self.results_dir if preset == self.preset else None)
                          for n in names]
-                train = total_training_time(found) + " (the committed batch, one CPU thread each)"
-                results = "seconds: reads the committed results, trains nothing"
+                train = total_training_time(found) + " (the batch, one CPU thread each)"
+                results = "seconds (trains nothing)"
             except MissingResultError:
-                train = "minutes, no committed timing" if preset == "smoke" else "not run by the batch yet"
-                results = "no committed results of this preset"
+                train = "no committed timing" if preset == "smoke" else "not run by the batch yet"
+                results = "no committed results"
             rows.append({"preset": preset, "source='results'": results, "source='train'": train})
         return pd.DataFrame(rows).set_index("preset")
 
@@ -167,10 +178,12 @@ class Session:
         from pflkit.io import read_json
 
         if self.source == "results":
+            from pflkit.report.compact import config_digest
+
             res = self.committed(name)
-            extra = sorted(set(overrides) - set(res.get("overrides") or ()) - {f"seed={self.seed}"})
-            if extra:
-                raise ValueError(f"{name}: overrides {extra} have no committed result; run them with source='train'")
+            if overrides and config_digest(self.resolve(name, *overrides).to_dict()) != res["fingerprint"]["config"]:
+                raise ValueError(f"{name}: {list(overrides)} gives other settings than the committed result; "
+                                 "run them with source='train'")
             print(f"{name}: the committed result (preset {self.preset}; training it took {self.training_time(name)})")
             return res
         folder = self.run_dir(name, results_root)

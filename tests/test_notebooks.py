@@ -230,7 +230,8 @@ def _outputs(nb: Path) -> str:
     out = []
     for c in _cells(nb):
         for o in c.get("outputs", []):
-            out.append("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")))
+            data = o.get("data", {})
+            out.append("".join(o.get("text", "")) + "".join(data.get("text/markdown", data.get("text/plain", ""))))
     return "\n".join(out)
 
 

@@ -12,25 +12,27 @@
 # ---
 
 # %% [markdown]
-# # FedL2P Tables 1 and 2: label shift on CIFAR-10
+# # FedL2P, Tables 1 and 2: label shift on CIFAR-10
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/pflkit/pflkit/blob/main/notebooks/fedl2p/02_label_shift.ipynb)
 #
-# **Table 2** (sec. 4.2): CIFAR-10 split among clients with Dirichlet(alpha) labels, a global model pretrained
-# with FedAvg on the same clients, then personalization by fine-tuning for e epochs with the client's BN
-# statistics (FT BN C), the global ones (BN G) or each batch's (BN I), by L2P (the meta-nets learned by every
-# client alone) and by FedL2P. **Table 1** swaps the pretraining (FedAvg, Per-FedAvg (HF), FedBABU) and compares
-# FT (BN C) with FedL2P at e = 15.
+# **What you will learn**
+# - how FedL2P's personalization compares with the hand-picked fine-tuning baselines when clients differ only in
+#   their labels (Table 2: Dirichlet $\alpha$ from 1000, nearly i.i.d., to 0.1, very skewed);
+# - what the meta-nets learned per client: the BN mix $\beta$ (Eq. 2) and the layer-wise learning rates
+#   $\eta$ (Eq. 4), and why the paper expects $\beta \to 0$ here (Fig. 2a);
+# - whether the result holds when the pretraining changes (Table 1: FedAvg, Per-FedAvg (HF), FedBABU);
+# - which of the paper's claims the reduced `cpu` preset reproduces, and which it does not.
 #
-# The paper's finding to look for: all clients draw from one image domain, so the learned beta goes to 0
-# (keep the pretrained BN statistics, Fig. 2a) and FedL2P lands at or above the best hand-picked baseline.
+# **Prerequisites**: [the quickstart](../tutorials/00_quickstart.ipynb) (label shift, FT (BN C/G/I)) and
+# [FedL2P, the method](01_method.ipynb). **Next**: [feature shift across domains](03_domains.ipynb), where
+# $\beta$ is expected to move away from 0.
 #
-# Every row is a file in `pflkit/catalog/fedl2p/` (`fedl2p_table2_a0p1_e5`, `fedl2p_table1_fedbabu_a0p5`, ...);
-# from a shell: `pflkit run fedl2p_table2_a0p1_e5 --preset cpu --data-root ~/data --out runs/t2_a0p1_e5`.
-# Set `results_root` to a folder of such runs (`<results_root>/<experiment>/results.json`) to render them
-# without retraining; otherwise this notebook runs the row given by `alpha` and `epochs`.
-#
-# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
+# **Run time**: the table under the first code cell. By default (`source = "results"`) every table, figure and
+# verdict is drawn from the committed results in `results/cpu/`, with no training; `source = "train"` trains
+# the row chosen by `alpha` and `epochs` here, with progress bars. Every row is a file in
+# `pflkit/catalog/fedl2p/`; from a shell: `pflkit run fedl2p_table2_a0p1_e5 --preset cpu`. Where pflkit's
+# defaults differ from the paper, and which option switches each: the fidelity ledger,
 # [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"] cellView="form" jupyter={"source_hidden": true}
@@ -64,101 +66,159 @@ if not installed:
     importlib.invalidate_caches()
 
 # %% [markdown]
-# **Data.** Datasets are read from `data_root`, then `$PFLKIT_DATA`, then pflkit's cache, or downloaded when
-# `download` is on (`data/README.md` says how to get each one); a missing dataset stops the notebook with an error
-# that says where it looked. `standin = True` runs the same methods on sklearn digits instead: titles and tables
-# then say STAND-IN, and the paper's column names the paper's dataset.
+# **Data.** In train mode, datasets are read from `data_root`, then `$PFLKIT_DATA`, then pflkit's cache, or
+# downloaded when `download` is on (`data/README.md` says how to get each one). `standin = True` runs the same
+# methods on sklearn digits instead, labelled STAND-IN.
 
 # %% tags=["parameters"]
-preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu: the committed results; paper: a GPU's sizes
+source = "results"  # results: draw from the committed results (no training); train: train here
 out_dir = "runs/fedl2p_label_shift"
 data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
 device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
 download = True  # fetch missing datasets, never when PFLKIT_OFFLINE is set
 standin = False  # True: sklearn digits replace every other dataset, labelled STAND-IN
-figures_dir = None  # None: out_dir/figures; `pflkit notebooks --figures` writes the repository's figures/
+figures_dir = None  # None: out_dir/figures; `pflkit notebooks --commit --figures` writes figures/
 seed = 0
-seeds = 1
-alpha = "0p1"  # one of 1000, 1p0, 0p5, 0p1
-epochs = 5  # 5 or 15
-results_root = None
+seeds = 1  # train mode: seeds of the row trained here
+alpha = "0p1"  # the row of section 1: one of 1000, 1p0, 0p5, 0p1
+epochs = 5  # its fine-tuning epochs: 5 or 15
+results_root = None  # train mode: a folder of saved runs (<results_root>/<experiment>/) to read instead
+results_dir = None  # results mode: the committed results' folder (None: the checkout's results/)
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
-import pandas as pd
+import numpy as np
+from IPython.display import Markdown, display
 
-from pflkit.io import read_json
 from pflkit.notebooks import setup
-from pflkit.report.fedl2p import beta_summary, load_report, plot_hyperparameters, versus_finetuning
-from pflkit.report.figures import plot_methods, save_figure
-from pflkit.report.tables import compare_table
+from pflkit.report import readings
+from pflkit.report.fedl2p import versus_finetuning
+from pflkit.report.figures import constant_statement, plot_methods, save_figure, series_style, visible_spread
+from pflkit.report.tables import ours_vs_paper
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
-                figures_dir=figures_dir, seed=seed)
+                figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)
 name = f"fedl2p_table2_a{alpha}_e{epochs}"
-print(name, "|", session.dataset_label(session.resolve(name)))
+table2, table1 = session.rows("fedl2p_table2_"), session.rows("fedl2p_table1_")
+display(Markdown(f"Section 1 shows **{name}** ({session.dataset_label(session.resolve(name))}); "
+                 f"sections 3-4 every committed row of Table 2 ({len(table2)} files) and Table 1 ({len(table1)})."))
+session.run_times([name] if source == "train" else [*table2, *table1])
 
 # %% [markdown]
 # ## 1. One row of Table 2
-# Methods run in order: FedAvg pretraining ("Global": the global model tested on every client), the three
-# FT baselines, L2P and FedL2P. Accuracy is the mean over clients of each client's test accuracy.
+# Methods run in order: FedAvg pretraining (**Global**: the global model tested on every client), the three FT
+# baselines, **L2P** (the meta-nets learned by each client alone, no federation) and **FedL2P**, whose
+# meta-nets $\lambda$ are learned across clients (Eq. 5):
+#
+# $$\min_{\lambda} \sum_{i=1}^{C} \frac{N_i}{\sum_{i'} N_{i'}}\, \mathcal{L}_{i,V}\big(\theta_i^*(\lambda),
+#   \lambda\big) \quad \text{s.t.}\quad \theta_i^*(\lambda) = \arg\min_{\theta_i}
+#   \mathcal{L}_{i,T}(\theta_i, \lambda).$$
+#
+# Each client fine-tunes the global model with its hyperparameters (the inner problem), and the meta-nets are
+# moved to lower the validation loss after fine-tuning (the outer problem). Accuracy is the mean over
+# clients of each client's test accuracy.
+#
+# *Look for*: FedL2P's bar against the best of the three FT bars; the black diamonds are the paper's
+# numbers, at the paper's scale.
 
 # %%
 results = session.run(name, f"seeds={seeds}", results_root=results_root)
-run_dir = session.run_dir(name, results_root)
 data_label = session.dataset_label(results)
-print(session.format_table(results))
-print("FedL2P vs the best FT baseline:", versus_finetuning(results))
-
-# %%
-ax = plot_methods(results)
-ax.set_title(f"{name}: {data_label}")
+display(readings.accuracy_frame(results, session.paper_header(results)))
+ax = plot_methods(results, paper_label=f"{session.paper_header(results)} (the paper's scale)",
+                  title=f"{name}: {data_label}")
 save_figure(ax.figure, session.figure(f"{name}_methods.png"))
 plt.show()
+display(Markdown(readings.methods_reading(results, reference="Global")))
 
 # %% [markdown]
 # ## 2. What FedL2P learned (Fig. 2a)
-# beta per BN layer across clients (0 = the pretrained statistics), eta per tensor and the sparsity (share of
-# parameters with eta = 0). With the cpu preset's 20 meta rounds beta has less time to travel than in the
-# paper's 500.
+# For each client the meta-nets output $\beta$ per BN layer (0: the pretrained statistics, 1: the client's own)
+# and a learning rate $\eta$ per layer. With every client drawing from one image domain, the paper finds
+# $\beta \to 0$: the global statistics are the better estimate, especially for a client with few samples.
+# The `cpu` preset runs 20 meta rounds where the paper runs 500, so $\beta$ has less time to travel.
+#
+# *Look for*: where each client's $\beta$ sits between 0 and 1, and whether the clients differ at all.
 
 # %%
-report = load_report(run_dir, "FedL2P", seed)
-print(beta_summary(report))
-fig = plot_hyperparameters(report, f"{name} ({data_label}): FedL2P's hyperparameters (preset {preset})")
-save_figure(fig, session.figure(f"{name}_hyperparameters.png"))
-plt.show()
+analysis = results.get("analysis") or {}
+learned = [k for k in ("L2P", "FedL2P") if (analysis.get(k) or {}).get("seeds")]
+betas = {k: [b for s in analysis[k]["seeds"] for b in s["beta_per_client"] if b is not None] for k in learned}
+shown = [k for k in learned if visible_spread(betas[k], span=1.0)]
+if shown:
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for i, k in enumerate(shown):
+        y = np.asarray(betas[k])
+        x = i + np.random.default_rng(0).uniform(-0.15, 0.15, len(y))
+        ax.scatter(x, y, s=12, alpha=0.7, color=series_style(i)["color"], label=f"{k} ({len(y)} clients)")
+    ax.set_xticks(range(len(shown)), shown)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("β, mean over BN layers")
+    flat = "; ".join(f"{k}: " + constant_statement("β", betas[k]) for k in learned if k not in shown)
+    ax.set_title(f"{name}: each client's learned β (0 = global BN statistics)" + (f"\n{flat} (not drawn)" if flat else ""))
+    ax.legend(loc="upper right")
+    save_figure(fig, session.figure(f"{name}_beta.png"))
+    plt.show()
+lines = [readings.beta_reading(analysis, k) for k in learned]
+sparsity = {k: [v for s in analysis[k]["seeds"] for v in s.get("sparsity_per_client", []) if v is not None]
+            for k in learned}
+for k, v in sparsity.items():
+    lines.append(f"{k}: no learning rate is 0 on any client (sparsity 0): every layer is fine-tuned." if v and not any(v)
+                 else f"{k}: a share {np.mean(v):.2f} of the parameters is frozen (η = 0) on average." if v
+                 else f"{k}: no sparsity stored.")
+display(Markdown("\n\n".join(lines)))
 
 # %% [markdown]
-# ## 3. All rows found under `results_root`
-# Table 2 (alpha x e) and Table 1 (pretraining x alpha) side by side, ours next to the paper's numbers.
+# ## 3. Table 2: every $\alpha$ and both fine-tuning budgets
+# Each cell is ours (the paper's) in %, over the committed rows of this preset. Rows are $(\alpha, e)$.
+#
+# *Look for*: whether the gap between FedL2P and the best FT baseline grows as $\alpha$ shrinks (more
+# label shift), as in the paper.
 
 # %%
-found = sorted(Path(results_root).glob("fedl2p_table[12]_*/results.json")) if results_root else []
-runs = [read_json(p) for p in found] or [results]
-rows = []
-for res in runs:
-    c = res["config"]
-    for label, m in res["methods"].items():
-        rows.append({"experiment": c["name"], "dataset": session.dataset_label(res), "method": label,
-                     "ours": m["acc_mean"], session.paper_header(res): m["published"]})
-values = ["ours", *sorted({k for r in rows for k in r if k.startswith("paper")})]
-table = pd.DataFrame(rows).pivot_table(index=["experiment", "dataset", "method"], values=values, aggfunc="first")
-table.round(2)
-
-# %%
-by_alpha = [r for r in runs if r["config"]["table"] == "Table 2"]
-if len(by_alpha) > 1:
-    print(compare_table(by_alpha, "data.partition.alpha").round(2))
+rows2 = [session.committed(n) for n in table2] if source == "results" else [results]
+display(ours_vs_paper(rows2, {"alpha": "data.partition.alpha", "e": "methods.0.epochs"}))
+gains = [(r["config"]["data"]["partition"]["alpha"], r["config"]["methods"][0]["epochs"],
+          versus_finetuning(r)) for r in rows2]
+gains.sort(key=lambda t: (t[0], t[1]))
+display(Markdown("FedL2P minus the best FT baseline, in points: " + ", ".join(
+    f"α={a}, e={e}: {g['gain']:+.1f} ({g['best_ft_label']})" for a, e, g in gains if g["gain"] is not None) + "."))
 
 # %% [markdown]
-# ## What these numbers mean
-# The paper's claims that pflkit checks (`pflkit.report.claims`), evaluated on this notebook's runs at this
-# preset. The paragraph is written from the verdicts, so it always says what these runs show.
+# ## 4. Table 1: another pretraining
+# The global model comes from FedAvg, Per-FedAvg (HF) or FedBABU; then FT (BN C) and FedL2P personalize it.
+#
+# *Look for*: whether FedL2P stays at or above FT (BN C) whatever the pretraining.
 
 # %%
-claims, meaning = session.claims("fedl2p", [name, *(p.parent.name for p in found)], results_root)
-print(meaning)
-claims
+rows1 = [session.committed(n) for n in table1] if source == "results" else []
+if rows1:
+    display(ours_vs_paper(rows1, {"pretraining": "pretrain.label", "alpha": "data.partition.alpha"},
+                          pretrained="pretrained model"))
+    diffs = [r["methods"]["FedL2P"]["acc_mean"] - r["methods"]["FT (BN C)"]["acc_mean"] for r in rows1
+             if r["methods"]["FedL2P"]["status"] == "ok" and r["methods"]["FT (BN C)"]["status"] == "ok"]
+    display(Markdown(f"FedL2P minus FT (BN C) over the {len(diffs)} rows: from {min(diffs):+.1f} to "
+                     f"{max(diffs):+.1f} points (median {np.median(diffs):+.1f})."))
+else:
+    print("Table 1 is shown from the committed results (source='results'); train a row with "
+          "session.run('fedl2p_table1_fedbabu_a0p1')")
+
+# %% [markdown]
+# ## Takeaways
+# Generated from the paper's claims that pflkit checks (`pflkit.report.claims`) on the rows above.
+
+# %%
+claims = [c for c in session.checked_claims("fedl2p", [*table2, *table1] if source == "results" else [name],
+                                            results_root) if c.verdict != "not run"]
+display(Markdown(readings.takeaways(claims, preset)))
+
+# %% [markdown]
+# ## Exercises
+# 1. **More label shift, fewer epochs.** Set `alpha = "1000"` and then `"0p1"` (with `epochs = 5`): in section 1,
+#    which FT variant wins each time, and does FedL2P follow it? The reference numbers are the paper's Table 2
+#    (the diamonds).
+# 2. **Train a row.** Set `source = "train"`, `alpha = "0p5"`, `epochs = 5`: compare your table with the committed
+#    row `results/cpu/fedl2p_table2_a0p5_e5.json` (section 3 shows it). The time it will take is printed first.
+# 3. **β at scale.** In `pflkit/catalog/fedl2p/fedl2p_table2_a0p1_e5.toml`, compare the `cpu` preset's meta
+#    rounds with the `paper` preset's. With a GPU, set `preset = "paper"`, `source = "train"`: does β reach 0?

@@ -77,13 +77,12 @@ results_dir = None  # results mode: the committed results' folder (None: the che
 
 # %%
 import matplotlib.pyplot as plt
-import numpy as np
 from IPython.display import Markdown, display
 
 from pflkit.fl.federation import federation_for
 from pflkit.notebooks import setup
 from pflkit.report import readings
-from pflkit.report.figures import plot_label_distribution, plot_methods, plot_rounds, save_figure, series_style
+from pflkit.report.figures import plot_label_distribution, plot_methods, plot_per_client, plot_rounds, save_figure
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)
@@ -166,16 +165,8 @@ display(Markdown(readings.methods_reading(results, reference=cfg.pretrain.label)
 # *Look for*: the spread over clients. A mean hides that a method can help most clients and hurt a few.
 
 # %%
-labels = list(results["methods"])
-per_client = [np.asarray(results["methods"][k]["per_client"][0], dtype=float) for k in labels]
-fig, ax = plt.subplots(figsize=(7, 3.6))
-parts = ax.boxplot(per_client, tick_labels=labels, patch_artist=True, medianprops={"color": "black"})
-for k, box in enumerate(parts["boxes"]):
-    box.set_facecolor(series_style(k)["color"])
-ax.set_ylabel("client test accuracy (%)")
-ax.set_title(f"demo: test accuracy of each of the {len(per_client[0])} clients, per method")
-ax.tick_params(axis="x", rotation=20)
-save_figure(fig, session.figure("per_client_accuracy.png"))
+ax = plot_per_client(results, title="demo: test accuracy of each client, per method")
+save_figure(ax.figure, session.figure("per_client_accuracy.png"))
 plt.show()
 display(Markdown(readings.per_client_reading(results, "FedL2P", cfg.pretrain.label) + " "
                  + readings.beta_reading(results.get("analysis") or {}, "FedL2P")))

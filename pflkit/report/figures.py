@@ -116,16 +116,35 @@ def plot_methods(results: dict, ax=None, paper_label: str = "paper", title: str 
     x = np.arange(len(labels))
     bars = ax.bar(x, means, yerr=stds if stds.any() else None, color=OKABE_ITO[0], capsize=3,
                   label=f"pflkit (preset {cfg.get('preset')})")
-    ax.bar_label(bars, labels=["not ok" if np.isnan(v) else f"{v:.1f}" for v in means], padding=2, fontsize=8)
+    ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.1f}" for v in means], label_type="center",
+                 color="white", fontsize=9, fontweight="bold")
+    for i in np.flatnonzero(np.isnan(means)):  # a method that is not ok has no bar: say so where it would be
+        ax.text(x[i], 2, methods[labels[i]].get("status", "not ok"), ha="center", va="bottom", fontsize=8, rotation=90)
     paper = [methods[m].get("published") for m in labels]
     if any(p is not None for p in paper):
         ax.scatter(x, [np.nan if p is None else p for p in paper], color="k", marker="D", zorder=3,
                    label=paper_label)
-    ax.legend(loc="lower right", framealpha=0.9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.set_ylabel("personalized test accuracy (%)")
     ax.set_ylim(0, 105)
     ax.set_title(title or f"{cfg.get('name')}: accuracy per method")
+    return ax
+
+
+def plot_per_client(results: dict, ax=None, title: str | None = None, seed_index: int = 0):
+    """One box per method of its clients' test accuracies (seed ``seed_index``): the spread a mean hides."""
+    labels = [k for k, m in results["methods"].items() if m.get("status") == "ok" and m.get("per_client")]
+    values = [np.asarray(results["methods"][k]["per_client"][seed_index], dtype=float) for k in labels]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 + 1.1 * len(labels), 3.6))
+    parts = ax.boxplot(values, tick_labels=labels, patch_artist=True, medianprops={"color": "black"})
+    for k, box in enumerate(parts["boxes"]):
+        box.set_facecolor(series_style(k)["color"])
+    ax.set_ylabel("client test accuracy (%)")
+    n = len(values[0]) if values else 0
+    ax.set_title(title or f"{results.get('config', {}).get('name')}: test accuracy of each of the {n} clients")
+    ax.tick_params(axis="x", rotation=20)
     return ax
 
 

@@ -91,11 +91,11 @@ def beta_reading(analysis: dict, label: str = "FedL2P") -> str:
     if not betas:
         return f"{label}: no per-client beta was stored."
     if not visible_spread(betas, span=1.0):
-        return (constant_statement("β", betas) + ": the meta-net gave every client the same mix of BN "
-                "statistics, so no per-client plot is drawn.")
+        return (f"{label}: " + constant_statement("β", betas) + "; its meta-net gave every client the same mix of "
+                "BN statistics, so no per-client plot is drawn.")
     b = np.asarray(betas)
     side = "the pretrained model's statistics (β → 0)" if b.mean() < 0.5 else "each client's own statistics (β → 1)"
-    return (f"β (Eq. 2) ranges from {b.min():.2f} to {b.max():.2f} over {len(b)} clients (mean {b.mean():.2f}): "
+    return (f"{label}: β (Eq. 2) ranges from {b.min():.2f} to {b.max():.2f} over {len(b)} clients (mean {b.mean():.2f}): "
             f"on average the clients lean to {side}.")
 
 

@@ -72,3 +72,31 @@ def compare_table(results_list: list[dict], key: str) -> pd.DataFrame:
             value = value[part]
         rows[value] = {label: m["acc_mean"] for label, m in res["methods"].items()}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _at(config: dict, key: str):
+    """``config`` at the dotted ``key``; a numeric part indexes a list (``methods.0.epochs``)."""
+    for part in key.split("."):
+        config = config[int(part)] if isinstance(config, list) else config[part]
+    return config
+
+
+def ours_vs_paper(results_list: list[dict], keys: dict[str, str], digits: int = 1,
+                  pretrained: str | None = None) -> pd.DataFrame:
+    """Several results as one table: a row per result, indexed by ``keys`` (``{column: dotted config key}``,
+    e.g. ``{"alpha": "data.partition.alpha"}``), a column per method, each cell ``ours (paper)`` in % (``—`` for
+    a method that is not ok, ``n/a`` where the result has no such method; the paper's number only where the
+    experiment file gives one). ``pretrained``: one column name for every result's pretraining stage (Table 1's
+    rows pretrain with different algorithms, so each would otherwise get a column of its own)."""
+    rows = []
+    for res in results_list:
+        row = {col: _at(res["config"], key) for col, key in keys.items()}
+        first = (res["config"].get("pretrain") or {}).get("label")
+        for label, m in res["methods"].items():
+            label = pretrained if pretrained and label == first else label
+            ours = f"{m['acc_mean']:.{digits}f}" if m.get("status") == "ok" and m.get("acc_mean") is not None else "—"
+            paper = m.get("published")
+            row[label] = ours if paper is None else f"{ours} ({paper:.{digits}f})"
+        rows.append(row)
+    frame = pd.DataFrame(rows).set_index(list(keys)).sort_index()
+    return frame.fillna("n/a")
