@@ -139,6 +139,10 @@ def _cmd_reproduce(args) -> int:
             changed = sync_readme(readme, args.results)
             print(f"{readme}: {len(changed)} generated block(s) (results tables, claims) regenerated"
                   + "".join(f"\n  {c}" for c in changed))
+        if readme == "README.md" and not args.no_notebooks:  # the repository's notebooks show its results too
+            from pflkit.notebooks import figures_root, find_notebooks
+
+            return _commit_notebooks(find_notebooks(), figures_root())
         return 0
     import time
 
@@ -251,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="PATTERN", help="experiment names: comma-separated globs or substrings")
     p.add_argument("--results", default="results", help="compact results folder (default: results)")
     p.add_argument("--work", help="full run folders, kept for resuming (default: runs/reproduce/PRESET)")
-    p.add_argument("--no-notebooks", action="store_true", help="do not execute the notebooks afterwards")
+    p.add_argument("--no-notebooks", action="store_true", help="do not execute the notebooks afterwards (with --report: do not rewrite the committed notebooks)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting of every experiment")
     p.add_argument("--force", action="store_true", help="rerun experiments whose result is up to date")
     p.add_argument("--jobs", type=_positive_int, default=1,
