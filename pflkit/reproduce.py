@@ -65,8 +65,8 @@ INVOCATIONS = "invocations.json"  # in a work folder: each invocation that ran i
 KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
 # and its stage reuse, the hypergradient check)
-NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "reproduce.py", "reuse.py",
-                "neumann_check.py")
+NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "notebook_outputs.py",
+                "reproduce.py", "reuse.py", "neumann_check.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 
