@@ -73,12 +73,19 @@ def _round(o, digits: int = 6):
 
 def _hyperparameter_summary(rows: list[dict], info: list[dict], seed: int) -> dict:
     """FedL2P's report of one seed in short: each client's beta (mean over BN layers) and sparsity, and,
-    when the clients carry domains, the ARI of each meta-net input / output clustering (Table 6)."""
+    when the clients carry domains, the ARI of each meta-net input / output clustering (Table 6); and the
+    per-client arrays its figures draw (`report_rows` reads them back): beta per BN layer, eta per tensor,
+    BNNet's input xi (Eq. 3) and LRNet's input features (Eq. 4), a few dozen numbers per client."""
     import numpy as np
 
     betas = [float(np.mean(list(r["beta"].values()))) if r.get("beta") else None for r in rows]
     out = {"beta_per_client": betas, "sparsity_per_client": [r.get("sparsity") for r in rows],
            "beta_per_layer": {k: float(np.mean([r["beta"][k] for r in rows])) for k in (rows[0].get("beta") or {})}}
+    layers, tensors = list(rows[0].get("beta") or {}), list(rows[0].get("eta") or {})
+    out["arrays"] = {"clients": [r["client"] for r in rows], "bn_layers": layers, "tensors": tensors,
+                     "beta": [[r["beta"][k] for k in layers] for r in rows],
+                     "eta": [[r["eta"][k] for k in tensors] for r in rows],
+                     "xi": [r.get("xi") for r in rows], "features": [r.get("features") for r in rows]}
     domains = [c.get("domain") for c in info]
     if len(rows) == len(info) and None not in domains and len(set(domains)) > 1:
         import warnings
@@ -90,6 +97,20 @@ def _hyperparameter_summary(rows: list[dict], info: list[dict], seed: int) -> di
             warnings.simplefilter("ignore", UserWarning)
             out["ari"] = meta_net_ari(rows, [domains[r["client"]] for r in rows], seed=seed)
     return out
+
+
+def report_rows(seed_summary: dict) -> list[dict] | None:
+    """The per-client rows of FedL2P's report (`pflkit.algorithms.fedl2p.hyperparameter_report`'s form:
+    ``client``, ``beta`` {layer: value}, ``eta`` {tensor: value}, ``sparsity``, ``xi``, ``features``) from one
+    seed's summary in a compact result; None for a result made before the arrays were stored."""
+    arrays = seed_summary.get("arrays")
+    if not arrays:
+        return None
+    sparsity = seed_summary.get("sparsity_per_client") or [None] * len(arrays["clients"])
+    return [{"client": c, "beta": dict(zip(arrays["bn_layers"], b)), "eta": dict(zip(arrays["tensors"], e)),
+             "sparsity": sp, "xi": x, "features": f}
+            for c, b, e, sp, x, f in zip(arrays["clients"], arrays["beta"], arrays["eta"], sparsity, arrays["xi"],
+                                          arrays["features"])]
 
 
 def analysis(run_dir: Path, results: dict) -> dict:
