@@ -94,7 +94,7 @@ from IPython.display import Markdown, display
 from pflkit.notebooks import setup
 from pflkit.report import readings
 from pflkit.report.fedl2p import versus_finetuning
-from pflkit.report.figures import constant_statement, plot_methods, save_figure, series_style, visible_spread
+from pflkit.report.figures import plot_client_values, plot_methods, save_figure
 from pflkit.report.tables import ours_vs_paper
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
@@ -143,31 +143,14 @@ display(Markdown(readings.methods_reading(results, reference="Global")))
 
 # %%
 analysis = results.get("analysis") or {}
-learned = [k for k in ("L2P", "FedL2P") if (analysis.get(k) or {}).get("seeds")]
-betas = {k: [b for s in analysis[k]["seeds"] for b in s["beta_per_client"] if b is not None] for k in learned}
-shown = [k for k in learned if visible_spread(betas[k], span=1.0)]
-if shown:
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    for i, k in enumerate(shown):
-        y = np.asarray(betas[k])
-        x = i + np.random.default_rng(0).uniform(-0.15, 0.15, len(y))
-        ax.scatter(x, y, s=12, alpha=0.7, color=series_style(i)["color"], label=f"{k} ({len(y)} clients)")
-    ax.set_xticks(range(len(shown)), shown)
+betas = readings.client_values(analysis, "beta_per_client")
+ax = plot_client_values(betas, "β, mean over BN layers", f"{name}: each client's learned β (0 = global BN statistics)")
+if ax is not None:
     ax.set_ylim(-0.05, 1.05)
-    ax.set_ylabel("β, mean over BN layers")
-    flat = "; ".join(f"{k}: " + constant_statement("β", betas[k]) for k in learned if k not in shown)
-    ax.set_title(f"{name}: each client's learned β (0 = global BN statistics)" + (f"\n{flat} (not drawn)" if flat else ""))
-    ax.legend(loc="upper right")
-    save_figure(fig, session.figure(f"{name}_beta.png"))
+    save_figure(ax.figure, session.figure(f"{name}_beta.png"))
     plt.show()
-lines = [readings.beta_reading(analysis, k) for k in learned]
-sparsity = {k: [v for s in analysis[k]["seeds"] for v in s.get("sparsity_per_client", []) if v is not None]
-            for k in learned}
-for k, v in sparsity.items():
-    lines.append(f"{k}: no learning rate is 0 on any client (sparsity 0): every layer is fine-tuned." if v and not any(v)
-                 else f"{k}: a share {np.mean(v):.2f} of the parameters is frozen (η = 0) on average." if v
-                 else f"{k}: no sparsity stored.")
-display(Markdown("\n\n".join(lines)))
+display(Markdown("\n\n".join([*(readings.beta_reading(analysis, k) for k in betas),
+                               *(readings.sparsity_reading(analysis, k) for k in betas)])))
 
 # %% [markdown]
 # ## 3. Table 2: every $\alpha$ and both fine-tuning budgets

@@ -148,6 +148,29 @@ def plot_per_client(results: dict, ax=None, title: str | None = None, seed_index
     return ax
 
 
+def plot_client_values(values: dict[str, list], ylabel: str, title: str, span: float = 1.0, ax=None):
+    """Each client's value of a learned quantity (one column of jittered dots per method). A method whose values
+    do not vary visibly on an axis of ``span`` is not drawn but stated in the title (`constant_statement`);
+    returns None when no method varies."""
+    shown = [k for k, v in values.items() if visible_spread(v, span=span)]
+    if not shown:
+        return None
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 + 2.2 * len(shown), 3.4))
+    rng = np.random.default_rng(0)  # fixed jitter: the same picture every time
+    for i, k in enumerate(shown):
+        y = np.asarray([v for v in values[k] if v is not None], dtype=float)
+        ax.scatter(i + rng.uniform(-0.15, 0.15, len(y)), y, s=12, alpha=0.7, color=series_style(i)["color"],
+                   label=f"{k} ({len(y)} clients)")
+    ax.set_xticks(range(len(shown)), shown)
+    ax.set_xlim(-0.6, len(shown) - 0.4)
+    ax.set_ylabel(ylabel)
+    flat = "; ".join(f"{k}: {constant_statement(ylabel.split(',')[0], v)}" for k, v in values.items() if k not in shown)
+    ax.set_title(title + (f"\n{flat} (not drawn)" if flat else ""))
+    ax.legend(loc="upper right")
+    return ax
+
+
 ROUND_METRICS = {"val_acc": "validation accuracy (%)", "train_loss": "training loss", "val_loss": "validation loss"}
 
 

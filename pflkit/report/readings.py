@@ -142,3 +142,26 @@ def personalization_takeaways(results: dict, global_label: str, learned: str = "
         lines.append(f"- {learned}, which learns that choice per client, reaches {acc[learned]:.1f}% "
                      f"({acc[learned] - fts[best]:+.1f} points against {best}).{lean}")
     return "\n".join(lines)
+
+
+def client_values(analysis: dict, key: str, labels=("L2P", "FedL2P")) -> dict[str, list]:
+    """``{method: [value per client over seeds]}`` of a per-client list in FedL2P's stored summary
+    (``beta_per_client``, ``sparsity_per_client``), for the methods that stored it."""
+    out = {}
+    for k in labels:
+        seeds = (analysis.get(k) or {}).get("seeds") or []
+        vals = [v for s in seeds for v in s.get(key, []) if v is not None]
+        if vals:
+            out[k] = vals
+    return out
+
+
+def sparsity_reading(analysis: dict, label: str) -> str:
+    """Whether FedL2P's learning rates froze anything (eta = 0: the share of parameters, Sec. 4.2)."""
+    v = client_values(analysis, "sparsity_per_client", (label,)).get(label)
+    if not v:
+        return f"{label}: no sparsity stored."
+    if not any(v):
+        return f"{label}: no learning rate is 0 on any client (sparsity 0): every layer is fine-tuned."
+    return (f"{label}: on average {np.mean(v):.2f} of the parameters are frozen (η = 0), from {min(v):.2f} to "
+            f"{max(v):.2f} over {len(v)} clients.")
