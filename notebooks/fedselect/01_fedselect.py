@@ -105,9 +105,10 @@ from pflkit.models import build_model, head_param_names
 from pflkit.notebooks import figures_root, setup
 from pflkit.report import readings
 from pflkit.report.compact import analysis
-from pflkit.report.fedselect import (accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading, mask_frame, mask_reading,
-                                     plot_accuracy_and_communication, plot_accuracy_vs_p, plot_gradltn_schedule,
-                                     plot_layer_masks, plot_mask_overlap, table1_frame, table1_reading, SELECT_ROW)
+from pflkit.report.fedselect import (SELECT_ROW, accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading,
+                                     mask_frame, mask_reading, plot_accuracy_and_communication, plot_accuracy_vs_p,
+                                     plot_gradltn_schedule, plot_layer_masks, plot_mask_overlap, table1_frame,
+                                     table1_reading)
 from pflkit.report.figures import save_figure
 from pflkit.runner import final_states_path, load_final_states, make_env, run_experiment
 

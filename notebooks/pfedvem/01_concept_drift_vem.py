@@ -176,15 +176,16 @@ if fed is not None:
         fine = torch.cat([dataset.y_train, dataset.y_test]).numpy()
         choices = concept_drift_choices(fine, d.num_clients, superclass=np.asarray(dataset.meta.superclass),
                                         seed=seed, **d.partition)
-        facts["clients with distinct characters"] = len(np.unique(choices, axis=0))
+        facts["clients with distinct subclasses"] = len(np.unique(choices, axis=0))
         display(pd.Series(facts, name=f"seed {seed}").to_frame())
         display(pd.DataFrame(np.asarray(dataset.meta.class_names)[choices[:show]], columns=labels,
                              index=[f"client {i}" for i in range(show)]))
         display(Markdown(
             ("Every client holds the labels in the same proportions; " if facts["P_j(y) equal on every client"]
              else "The clients' label proportions **differ**; ")
-            + f"{facts['clients with distinct characters']} of {fed.num_clients} clients draw them with a different "
-            f"set of characters. Client sizes run from {facts['train images per client: min']} to "
+            + f"{facts['clients with distinct subclasses']} of {fed.num_clients} clients draw them from a different "
+            "set of subclasses (characters, on Omniglot). Client sizes run from "
+            f"{facts['train images per client: min']} to "
             f"{facts['max']} training images (median {facts['median']:g}): "
             f"{facts['median'] / fed.num_classes:.1f} images per label for the median client, which section 2 "
             "comes back to."))
@@ -242,7 +243,8 @@ display(Markdown(trust_reading(em, init_scale, D)))
 # %%
 # the small terms in readable units (the column names say which), rounded: no 15-digit floats
 shown = pd.DataFrame({"n_train": em["n_train"], "rho_j^2 (1e-3)": 1e3 * em["rho2"],
-                      "Tr(Sigma_j)/D (1e-3)": 1e3 * em["Tr(Sigma)/D"], "||mu_j - w||^2/D (1e-5)": 1e5 * em["||mu-w||^2/D"],
+                      "Tr(Sigma_j)/D (1e-3)": 1e3 * em["Tr(Sigma)/D"],
+                      "||mu_j - w||^2/D (1e-5)": 1e5 * em["||mu-w||^2/D"],
                       "weight vs equal (%)": 100 * (em["trust tau_j (share)"] * len(em) - 1),
                       "test acc (%)": 100 * em["test acc"]})
 ranked = shown.sort_values("weight vs equal (%)", ascending=False)

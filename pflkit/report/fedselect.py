@@ -17,7 +17,8 @@ from pflkit.report.figures import OKABE_ITO, visible_spread
 
 __all__ = ["personal_share", "mask_iou", "table1_frame", "table1_reading", "ltn_shares_reading",
            "plot_gradltn_schedule", "plot_layer_masks", "plot_accuracy_and_communication", "plot_accuracy_vs_p",
-           "accuracy_vs_p_reading", "layer_mask_reading", "mask_frame", "plot_mask_overlap", "mask_reading", "SELECT_ROW"]
+           "accuracy_vs_p_reading", "layer_mask_reading", "mask_frame", "plot_mask_overlap", "mask_reading",
+           "SELECT_ROW"]
 
 SELECT_ROW = re.compile(r"^FedSelect \((?P<p>[\d.]+)\)$")  # Alg. 1's rows, one per personalization rate p
 
@@ -80,7 +81,8 @@ def layer_mask_reading(last: pd.Series) -> str:
     return (f"Of the {len(last)} tensors, {len(whole)} end wholly personal ({', '.join(whole) or 'none'}), "
             f"{len(none)} wholly shared ({', '.join(none) or 'none'}) and {len(split)} split between the two, "
             f"from {last[split].min():.2f} to {last[split].max():.2f} personal: the choice is made entry by entry."
-            if split else f"Of the {len(last)} tensors, {len(whole)} end wholly personal and {len(none)} wholly shared.")
+            if split else f"Of the {len(last)} tensors, {len(whole)} end wholly personal and {len(none)} wholly "
+            "shared.")
 
 
 def ltn_shares_reading(shares, p: float) -> str:

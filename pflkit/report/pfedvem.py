@@ -115,8 +115,9 @@ def trust_reading(frame: pd.DataFrame, init_scale: float, head_entries: int | No
             f"The distance term $\\|\\mu_j - w\\|^2/D$ varies {t['dist_std'] / max(t['trace_std'], 1e-30):.1f} "
             f"times as much (std {t['dist_std']:.2g}; correlation with $n_j$ {t['dist_corr_n']:+.2f}), so the "
             f"**{decides}** term decides $\\rho_j^2$ (correlation of $\\rho_j^2$ with $n_j$: "
-            f"{t['rho_corr_n']:+.2f}). The server's weights stay close to equal: from {t['tau_min']:+.1f}% "
-            f"to {t['tau_max']:+.1f}% of $1/J$.")
+            f"{t['rho_corr_n']:+.2f}). The server's weights $\\tau_j / \\sum_i \\tau_i$ range from "
+            f"{t['tau_min']:+.1f}% "
+            f"to {t['tau_max']:+.1f}% around equal weights $1/J$.")
 
 
 def trust_takeaway(frame: pd.DataFrame, init_scale: float, head_entries: int | None) -> str:
@@ -126,7 +127,8 @@ def trust_takeaway(frame: pd.DataFrame, init_scale: float, head_entries: int | N
     text = (f"- Trust: the server's weights $\\tau_j$ end between {t['tau_min']:+.1f}% and {t['tau_max']:+.1f}% of "
             f"equal weights. ")
     if t["dist_std"] <= t["trace_std"]:
-        return text + "The uncertainty term varies more than the distance term: the amount of data decides."
+        return text + ("The uncertainty term $\\mathrm{Tr}\\,\\Sigma_j/D$ varies more across clients than the distance "
+                       "term: here the client's own uncertainty, not its distance from $w$, sets its weight.")
     d = f"{head_entries} head entries" if head_entries else "the head's entries"
     return text + (f"With {t['n_min']} to {t['n_max']} images per client for {d}, $\\mathrm{{Tr}}\\,\\Sigma_j/D$ "
                    f"moved at most {100 * t['trace_moved']:.1f}% from its start, so the trust follows the distance "
