@@ -81,3 +81,17 @@ def test_trust_reading_says_which_term_decides_from_the_numbers():
     assert "follows the distance" in trust_takeaway(frame, 0.1, 44)
     swapped = frame.assign(**{"Tr(Sigma)/D": frame["||mu-w||^2/D"] + 0.01, "||mu-w||^2/D": 1e-4})
     assert "**uncertainty** term decides" in trust_reading(swapped, 0.1, None)
+
+
+def test_fig1_is_drawn_from_a_stored_head_iou_matrix_and_absent_without_one():
+    from pflkit.report.fedselect import HEAD_IOU, HEAD_SHARE, plot_fig1, stored_head_iou
+
+    res = fedselect_results()
+    assert stored_head_iou(res) == (None, None)  # the committed results of today store no matrix
+    seed = res["analysis"]["FedSelect (0.50)"]["seeds"][0]
+    seed.update({HEAD_IOU: [[1.0, 0.2], [0.2, 1.0]], HEAD_SHARE: [0.1, 0.3]})
+    iou, share = stored_head_iou(res, seed=0)
+    assert iou.shape == (2, 2) and share == pytest.approx(0.2) and stored_head_iou(res, seed=1) == (None, None)
+    fig = plot_fig1({2: iou, 4: iou}, {2: share, 4: None}, "Fig. 1")
+    titles = [ax.get_title() for ax in fig.axes[:2]]
+    assert "20.0% of head entries" in titles[0] and "%" not in titles[1]

@@ -90,7 +90,6 @@ results_dir = None  # results mode: the committed results' folder; None: the che
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 import torch
 from IPython.display import Image, Markdown, display
 
@@ -107,8 +106,8 @@ from pflkit.report import readings
 from pflkit.report.compact import analysis
 from pflkit.report.fedselect import (SELECT_ROW, accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading,
                                      mask_frame, mask_reading, plot_accuracy_and_communication, plot_accuracy_vs_p,
-                                     plot_gradltn_schedule, plot_layer_masks, plot_mask_overlap, table1_frame,
-                                     table1_reading)
+                                     plot_fig1, plot_gradltn_schedule, plot_layer_masks, plot_mask_overlap,
+                                     stored_head_iou, table1_frame, table1_reading)
 from pflkit.report.figures import save_figure
 from pflkit.runner import final_states_path, load_final_states, make_env, run_experiment
 
@@ -247,40 +246,41 @@ display(Markdown(mask_reading(results)))
 
 # %% [markdown]
 # The paper's Fig. 1 is the full matrix of pairwise IoU in the **final linear layer**, FedSelect with $p = 0.5$.
-# Drawing it needs the clients' trained masks, which the committed compact results do not store: in train mode
-# it is drawn from the run's kept states.
+# It needs the clients' trained masks: train mode draws it from the run's kept states; results mode draws it
+# from the committed result where the run stored the matrix, else shows the committed figure.
+#
+# *Look for*: off-diagonal cells far below the diagonal's 1: two clients rarely personalize the same head entries.
 
 # %%
-if source == "results":
-    committed_fig = figures_root() / "fedselect" / "fig1_mask_iou.png"
-    if committed_fig.exists():
-        display(Image(filename=str(committed_fig), width=720))
-        display(Markdown("*The committed figure*, made by this notebook in train mode from the `cpu` runs of "
-                         "`fedselect_table1_s2` and `_s4` (FedSelect (0.50), seed 0, its Table 1 row's trained "
-                         "client states; `figures/fedselect/README.md`)."))
-    else:
-        display(Markdown("Fig. 1 needs `source = \"train\"`: training both settings took the committed batch "
-                         + " and ".join(session.training_time(n) for n in NAMES) + "."))
-else:
-    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(5.5 * len(SETTINGS) + 1, 5.2), layout="constrained")
-    for ax, s in zip(np.atleast_1d(axes), SETTINGS):
+fig1_title = f"Fig. 1 on {data_label}, preset {preset}: FedSelect (0.50), final linear layer, seed {seed}"
+stored = {s: stored_head_iou(results[s], "FedSelect (0.50)", seed) for s in SETTINGS}
+ious, head_shares = {}, {}
+if source != "results":
+    for s in SETTINGS:
         cfg = session.resolve(f"fedselect_table1_s{s}", *shards)
         masks = client_masks(load_final_states(run_dirs[s], "FedSelect (0.50)", seed)["client_states"])
         fed = Federation.load(run_dirs[s] / f"seed{seed}" / "federation.npz",
                               session.load(cfg.data.dataset, **cfg.data.options))
         head = head_param_names(make_env(cfg, fed, seed).model_fn())
-        iou = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
-        sns.heatmap(iou, vmin=0, vmax=1, cmap="viridis", annot=len(iou) <= 10, fmt=".2f", ax=ax, square=True,
-                    annot_kws={"size": 7}, cbar=False)
-        share = np.mean([density(masks[c], head) for c in masks])
-        ax.set_title(f"s = {s}: IoU of head masks\n({share:.1%} of head entries personal on average)")
-        ax.set_xlabel("client (index)")
-        ax.set_ylabel("client (index)")
-    fig.colorbar(plt.cm.ScalarMappable(norm=plt.Normalize(0, 1), cmap="viridis"), ax=axes, shrink=0.8,
-                 label="IoU of two clients' personal masks")
-    fig.suptitle(f"Fig. 1 on {data_label}, preset {preset}: FedSelect (0.50), final linear layer")
+        ious[s] = pairwise_iou([masks[c] for c in sorted(masks)], names=head)
+        head_shares[s] = float(np.mean([density(masks[c], head) for c in masks]))
+elif all(iou is not None for iou, _ in stored.values()):
+    ious, head_shares = {s: v[0] for s, v in stored.items()}, {s: v[1] for s, v in stored.items()}
+if ious:
+    fig = plot_fig1(ious, head_shares, fig1_title)
     save_figure(fig, session.figure("fig1_mask_iou.png"))
     plt.show()
+    off = {s: m[~np.eye(len(m), dtype=bool)] for s, m in ious.items()}
+    display(Markdown(" ".join(f"s = {s}: two clients' head masks overlap with an IoU of {v.min():.2f}-{v.max():.2f} "
+                              f"(mean {v.mean():.2f})." for s, v in off.items())))
+elif (committed_fig := figures_root() / "fedselect" / "fig1_mask_iou.png").exists():
+    display(Image(filename=str(committed_fig), width=720))
+    display(Markdown("*The committed figure*, made by this notebook in train mode from the `cpu` runs of "
+                     "`fedselect_table1_s2` and `_s4` (FedSelect (0.50), seed 0, its Table 1 row's trained client "
+                     "states; `figures/fedselect/README.md`): the committed compact results do not store the matrix."))
+else:
+    display(Markdown("Fig. 1 needs `source = \"train\"`: training both settings took the committed batch "
+                     + " and ".join(session.training_time(n) for n in NAMES) + "."))
 
 # %% [markdown]
 # ## 4. Fig. 2: accuracy against the personalization rate p

@@ -18,7 +18,7 @@ from pflkit.report.figures import OKABE_ITO, visible_spread
 __all__ = ["personal_share", "mask_iou", "table1_frame", "table1_reading", "ltn_shares_reading",
            "plot_gradltn_schedule", "plot_layer_masks", "plot_accuracy_and_communication", "plot_accuracy_vs_p",
            "accuracy_vs_p_reading", "layer_mask_reading", "mask_frame", "plot_mask_overlap", "mask_reading",
-           "SELECT_ROW"]
+           "SELECT_ROW", "HEAD_IOU", "HEAD_SHARE", "stored_head_iou", "plot_fig1"]
 
 SELECT_ROW = re.compile(r"^FedSelect \((?P<p>[\d.]+)\)$")  # Alg. 1's rows, one per personalization rate p
 
@@ -278,3 +278,40 @@ def mask_reading(results: dict[int, dict]) -> str:
                      + "; ".join(f"{k}: {100 * np.mean(v):.3g}% (spread {np.ptp(v):.2g})" for k, v in flat.items())
                      + ". GradLTN keeps a fixed share; the clients differ in *which* entries, not how many.")
     return " ".join(parts) or "No run here recorded the clients' masks."
+
+
+# what a mask report would store for Fig. 1 to be drawn from a compact result: the (n, n) pairwise IoU of the
+# clients' final-linear-layer masks, and each client's personal share of that layer
+HEAD_IOU, HEAD_SHARE = "head_mask_iou", "head_personal_share"
+
+
+def stored_head_iou(results: dict, label: str = "FedSelect (0.50)", seed: int | None = None):
+    """Fig. 1's matrix and the mean head personal share (None where not stored) from the run's mask report,
+    when the run stored the matrix (``HEAD_IOU``); else ``(None, None)``."""
+    for s in _seeds(results, label):
+        if (seed is None or s.get("seed") == seed) and s.get(HEAD_IOU) is not None:
+            share = s.get(HEAD_SHARE)
+            return np.asarray(s[HEAD_IOU], dtype=float), (float(np.mean(share)) if share else None)
+    return None, None
+
+
+def plot_fig1(ious: dict, shares: dict, title: str):
+    """Fig. 1: per setting s the (n, n) IoU of every pair of client masks in the final linear layer, values
+    printed in a colour that contrasts with the cell; ``shares[s]`` (the mean personal share of the head, a
+    fraction, or None) goes into the panel's title."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, len(ious), figsize=(5.5 * len(ious) + 1, 5.2), squeeze=False, layout="constrained")
+    for ax, (s, iou) in zip(axes[0], ious.items()):
+        sns.heatmap(iou, vmin=0, vmax=1, cmap="viridis", annot=len(iou) <= 10, fmt=".2f", ax=ax, square=True,
+                    annot_kws={"size": 7}, cbar=False)
+        share = shares.get(s)
+        note = "" if share is None else f"\n({share:.1%} of head entries personal, mean over clients)"
+        ax.set_title(f"s = {s}: IoU of the head masks" + note)
+        ax.set_xlabel("client (index)")
+        ax.set_ylabel("client (index)")
+    fig.colorbar(plt.cm.ScalarMappable(norm=plt.Normalize(0, 1), cmap="viridis"), ax=axes[0].tolist(), shrink=0.8,
+                 label="IoU of two clients' personal masks")
+    fig.suptitle(title)
+    return fig
