@@ -24,8 +24,8 @@
 #   looks different from client to client;
 # - how pFedVEM treats each client's classifier as a draw around a global one, and fits both with
 #   variational EM (Alg. 1, Eq. 5-7);
-# - which clients the server ends up trusting (the precision $\tau_j = 1/\rho_j^2$), and why with few images
-#   per client that trust barely departs from equal weights;
+# - which clients the server ends up trusting (the precision $\tau_j = 1/\rho_j^2$), and which of its two
+#   parts decides that trust when clients hold few images;
 # - how pFedVEM compares with FedAvg, pFedPer, pFedHN, pFedME and pFedMAP on the same clients.
 #
 # **Prerequisites**: [the quickstart](../tutorials/00_quickstart.ipynb) (FedAvg, personalization);
@@ -170,15 +170,17 @@ if fed is not None:
     sizes = np.array([c.num("train") for c in fed.clients])
     facts = {"clients": fed.num_clients, "labels": fed.num_classes,
              "P_j(y) equal on every client": bool(np.allclose(marginals, marginals[0])),
-             "train images per client: min": int(sizes.min()), "median": float(np.median(sizes)),
-             "max": int(sizes.max())}
+             "train images per client: min": int(sizes.min()),
+             "train images per client: median": float(np.median(sizes)),
+             "train images per client: max": int(sizes.max())}
     if d.scheme == "concept_drift":
         fine = torch.cat([dataset.y_train, dataset.y_test]).numpy()
         choices = concept_drift_choices(fine, d.num_clients, superclass=np.asarray(dataset.meta.superclass),
                                         seed=seed, **d.partition)
         facts["clients with distinct subclasses"] = len(np.unique(choices, axis=0))
         display(pd.Series(facts, name=f"seed {seed}").to_frame())
-        display(pd.DataFrame(np.asarray(dataset.meta.class_names)[choices[:show]], columns=labels,
+        chosen = np.asarray(dataset.meta.class_names)[choices[:show]]  # "Alphabet/characterNN": keep the character
+        display(pd.DataFrame(np.vectorize(lambda name: name.rsplit("/", 1)[-1])(chosen), columns=labels,
                              index=[f"client {i}" for i in range(show)]))
         display(Markdown(
             ("Every client holds the labels in the same proportions; " if facts["P_j(y) equal on every client"]
@@ -186,8 +188,8 @@ if fed is not None:
             + f"{facts['clients with distinct subclasses']} of {fed.num_clients} clients draw them from a different "
             "set of subclasses (characters, on Omniglot). Client sizes run from "
             f"{facts['train images per client: min']} to "
-            f"{facts['max']} training images (median {facts['median']:g}): "
-            f"{facts['median'] / fed.num_classes:.1f} images per label for the median client, which section 2 "
+            f"{facts['train images per client: max']} training images (median {np.median(sizes):g}): "
+            f"{np.median(sizes) / fed.num_classes:.1f} images per label for the median client, which section 2 "
             "comes back to."))
     else:  # the stand-in has no subclasses to draw from: its clients differ in P_j(y) (label shift) instead
         display(pd.Series(facts, name=f"seed {seed}").to_frame())
