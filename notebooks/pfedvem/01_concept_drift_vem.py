@@ -109,6 +109,8 @@ from pflkit.report.pfedvem import (head_size, method_option, plot_table1, plot_t
                                    trust_from_analysis, trust_reading, trust_takeaway)
 from pflkit.runner import make_env
 
+if source == "results" and standin:  # the committed result is on the real dataset: its images would not match
+    raise ValueError("standin=True: the committed results are not on the stand-in; set source='train' to run it")
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)
 cfg = session.resolve(experiment)
