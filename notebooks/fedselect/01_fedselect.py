@@ -274,7 +274,7 @@ if ious:
     display(Markdown(" ".join(f"s = {s}: two clients' head masks overlap with an IoU of {v.min():.2f}-{v.max():.2f} "
                               f"(mean {v.mean():.2f})." for s, v in off.items())))
 elif (committed_fig := figures_root() / "fedselect" / "fig1_mask_iou.png").exists():
-    display(Image(filename=str(committed_fig), width=720))
+    display(Image(filename=str(committed_fig)))
     display(Markdown("*The committed figure*, made by this notebook in train mode from the `cpu` runs of "
                      "`fedselect_table1_s2` and `_s4` (FedSelect (0.50), seed 0, its Table 1 row's trained client "
                      "states; `figures/fedselect/README.md`): the committed compact results do not store the matrix."))
