@@ -86,3 +86,17 @@ def test_ari_frame_and_paper_label():
     assert frame.loc["features", "ARI"] == 0.5 and frame.loc["xi", "paper"] == 0.52
     assert paper_label({"config": {"data": {"dataset": "digit_domains"}}}) == "paper (on DomainNet)"
     assert paper_label({"config": {"data": {"dataset": "cifar10"}}}, "paper") == "paper"
+
+
+def test_by_domain_states_flat_beta_and_eta_instead_of_collapsed_boxes():
+    from pflkit.report.fedl2p import plot_hyperparameters_by_domain
+
+    dom = [0, 0, 1, 1]
+    rows = [{"client": i, "beta": {"bn1": 0.0296 + 1e-6 * i, "bn2": 0.5}, "eta": {"w": 0.01 * (1 + 1e-5 * i)},
+             "sparsity": 0.0} for i, d in enumerate(dom)]
+    fig = plot_hyperparameters_by_domain(rows, dom, ["MNIST", "USPS"], "t")
+    left, right = fig.axes[:2]
+    assert not left.patches and "no visible spread" in left.texts[0].get_text()
+    assert not right.patches and "same learning rates" in right.texts[0].get_text()
+    assert left.get_title().startswith("beta: between-domain SD")  # the spread is still in the title
+    plt.close(fig)

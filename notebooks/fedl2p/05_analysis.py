@@ -187,9 +187,11 @@ if ari:
 
 # %%
 if source == "train":
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), gridspec_kw={"wspace": 0.55})
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.4), gridspec_kw={"wspace": 0.6})
     for ax, q in zip(axes, ("xi", "beta", "features", "eta")):
         plot_distance_map(report, domains, q, names=names, ax=ax, title=f"{q} (ARI {ari.get(q, float('nan')):.2f})")
+        if ax is not axes[0]:
+            ax.set_ylabel("")  # one domain label for the row: the colour bar's label sits beside the next map
     fig.suptitle(f"{experiment} ({data_label}): log normalized distances between domains", y=1.02)
     save_figure(fig, session.figure(f"{experiment}_distance_maps.png"))
     plt.show()

@@ -224,7 +224,7 @@ def plot_hyperparameters_by_domain(rows: list[dict], domains, names=None, title:
     ids = list(np.unique(g))
     labels = [str(i) if names is None else str(names[int(i)]) for i in ids]
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 3], "wspace": 0.2})
+        _, axes = plt.subplots(1, 2, figsize=(15, 4), gridspec_kw={"width_ratios": [1.6, 3], "wspace": 0.25})
     from pflkit.report.figures import OKABE_ITO as colors
 
     def grouped(ax, m, tick_names):
@@ -241,27 +241,47 @@ def plot_hyperparameters_by_domain(rows: list[dict], domains, names=None, title:
         ax.set_xticks(range(m.shape[1]), [n.replace(".weight", ".w").replace(".bias", ".b") for n in tick_names],
                       rotation=90, fontsize=8)
 
+    from pflkit.report.figures import text_panel, visible_spread
+
+    def stated(ax, what, m):
+        # no visible spread on the axis: each domain's mean, in words, instead of boxes collapsed to lines
+        import textwrap
+
+        means = ", ".join(f"{lab} {np.nanmean(m[g == d]):.4g}" for d, lab in zip(ids, labels))
+        text_panel(ax, textwrap.fill(f"{what} has no visible spread across clients (below 1% of the axis), so no "
+                                     f"boxes are drawn. Mean by domain: {means}", 44))
+
     beta = report_matrix(rows, "beta")
     if beta.size and beta.shape[1]:
-        grouped(axes[0], beta, list(rows[0]["beta"]))
-        axes[0].set_ylabel("beta (0: pretrained BN stats, 1: client's)")
-        axes[0].set_ylim(-0.05, 1.05)  # the full range: a spread of 1e-5 must look flat
-        axes[0].set_title("β: " + spread_caption(beta, g), fontsize=9)
-        axes[0].legend(title="domain", fontsize=8)
+        if visible_spread(beta.ravel() - np.repeat(beta.mean(axis=0, keepdims=True), len(beta), 0).ravel(), span=1.0):
+            grouped(axes[0], beta, list(rows[0]["beta"]))
+            axes[0].set_ylabel("beta (0: pretrained BN stats, 1: client's)")
+            axes[0].set_ylim(-0.05, 1.05)  # the full range: a spread of 1e-5 must look flat
+            axes[0].legend(title="domain", fontsize=8)
+        else:
+            stated(axes[0], "β of each BN layer", beta)
+        axes[0].set_title("beta: " + spread_caption(beta, g), fontsize=9)
     else:
-        axes[0].text(0.5, 0.5, "no BN layers", ha="center", transform=axes[0].transAxes)
+        text_panel(axes[0], "no BN layers")
     eta = report_matrix(rows, "eta")
     med = np.median(eta, axis=0)
     rel = np.divide(eta, med, out=np.full_like(eta, np.nan), where=med != 0)
-    grouped(axes[1], rel, list(rows[0]["eta"]))
-    axes[1].axhline(1.0, color="k", lw=0.5)
-    # at least +-5% around 1, so that a near-constant eta is drawn as the flat line it is
     finite = rel[np.isfinite(rel)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (1.0, 1.0)
-    pad = 0.05 * max(hi - lo, 0.1)
-    axes[1].set_ylim(min(lo - pad, 0.95), max(hi + pad, 1.05))
-    axes[1].set_ylabel("eta / its median over clients")
-    axes[1].set_title("η: " + spread_caption(eta, g), fontsize=9)
+    # a learning rate within 1% of the typical client's is the same learning rate: stated, not drawn
+    if visible_spread(finite, span=1.0):
+        grouped(axes[1], rel, list(rows[0]["eta"]))
+        axes[1].axhline(1.0, color="k", lw=0.5)
+        lo, hi = float(finite.min()), float(finite.max())
+        pad = 0.05 * max(hi - lo, 0.1)
+        axes[1].set_ylim(min(lo - pad, 0.95), max(hi + pad, 1.05))
+        axes[1].set_ylabel("eta / its median over clients")
+        axes[1].legend(title="domain", fontsize=8)
+    else:
+        text_panel(axes[1], "η / its median over clients stays within "
+                            f"{100 * float(np.max(np.abs(finite - 1))) if finite.size else 0:.2g}% of 1 for every client "
+                            "and tensor (under 1%, so no boxes are drawn):\nLRNet gives every client the same "
+                            "learning rates, whatever its domain.")
+    axes[1].set_title("eta: " + spread_caption(eta, g), fontsize=9)
     axes[0].figure.suptitle(title, y=1.03)
     return axes[0].figure
 
