@@ -247,6 +247,10 @@ def plot_hyperparameters_by_domain(rows: list[dict], domains, names=None, title:
         # no visible spread on the axis: each domain's mean, in words, instead of boxes collapsed to lines
         import textwrap
 
+        if not np.nan_to_num(m).any():  # an all-zero panel is that sentence
+            text_panel(ax, textwrap.fill(f"{what} = 0 for every client and domain: every client keeps the "
+                                         "pretrained statistics.", 44))
+            return
         means = ", ".join(f"{lab} {np.nanmean(m[g == d]):.4g}" for d, lab in zip(ids, labels))
         text_panel(ax, textwrap.fill(f"{what} has no visible spread across clients (below 1% of the axis), so no "
                                      f"boxes are drawn. Mean by domain: {means}", 44))
