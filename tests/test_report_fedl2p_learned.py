@@ -100,3 +100,9 @@ def test_by_domain_states_flat_beta_and_eta_instead_of_collapsed_boxes():
     assert not right.patches and "same learning rates" in right.texts[0].get_text()
     assert left.get_title().startswith("beta: between-domain SD")  # the spread is still in the title
     plt.close(fig)
+
+
+def test_an_all_zero_beta_is_read_as_the_pretrained_statistics():
+    zero = {**FLAT, "beta_per_client": [0.0] * 9, "beta_per_layer": {"bn1": 0.0, "bn2": 0.0}}
+    text = learned_reading(zero)
+    assert "β = 0 in every BN layer for all 9 clients" in text and "sparsity = 0 for every client" in text

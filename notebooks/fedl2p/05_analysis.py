@@ -271,7 +271,8 @@ if conditioning:
         fig = plot_learned(cond_summary, f"{conditioning}: FedL2P after {meta_rounds(cond)} meta-rounds", names)
         save_figure(fig, session.figure(f"{conditioning}_hyperparameters.png"))
         plt.show()
-    display(Markdown(learned_reading(cond_summary, "FedL2P", names)))
+    display(Markdown(f"{conditioning} learned the meta-nets for {meta_rounds(cond)} rounds ({experiment}: "
+                     f"{meta_rounds(results)}). " + learned_reading(cond_summary, "FedL2P", names)))
     if source == "train":
         fig = plot_hyperparameters_by_domain(load_report(cond_dir, "FedL2P", seed),
                                              client_groups(cond_dir, "domain", seed), names,

@@ -154,6 +154,12 @@ def learned_reading(summary: dict | None, label: str = "FedL2P", names=None) -> 
     text = (f"{label}'s mean β per BN layer: " + ", ".join(f"{k} **{v:.3f}**" for k, v in layers.items()) + ". "
             if layers else f"{label}'s model has no BN layer. ")
     beta = _finite(summary.get("beta_per_client") or [])
+    if beta.size and not beta.any() and not any((summary.get("beta_per_layer") or {}).values()):
+        sparsity = _finite(summary.get("sparsity_per_client") or [])
+        return (f"{label}'s β = 0 in every BN layer for all {beta.size} clients: every client keeps the pretrained "
+                "statistics, as FT (BN G) does. "
+                + (f"Sparsity: {learned_statements({'sparsity_per_client': sparsity.tolist()})[0]}."
+                   if sparsity.size and learned_statements({"sparsity_per_client": sparsity.tolist()}) else ""))
     if beta.size:
         side = "the pretrained statistics (β = 0)" if beta.mean() < 0.5 else "the client's own statistics (β = 1)"
         text += (f"Over the {beta.size} clients the mean β runs from {beta.min():.4f} to {beta.max():.4f}: closer to "
