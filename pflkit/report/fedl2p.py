@@ -15,6 +15,9 @@ per client beta per BN layer, eta per parameter tensor, sparsity, xi, features).
 * `plot_hyperparameters_by_domain`: beta per BN layer and eta per tensor (relative to its
   across-client median) with one box per domain, the spreads in the panel titles;
 * `versus_finetuning`: FedL2P against the best of the FT (BN C / G / I) baselines.
+
+These need a run folder (a fresh run); `pflkit.report.fedl2p_learned` draws what the committed compact
+results store.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pflkit.analysis.clustering import (
 from pflkit.io import read_json, slug
 
 __all__ = ["ARI_KEYS", "published_ari", "FT_LABELS", "report_path", "load_report", "client_info", "client_groups",
-           "hyperparameter_frame", "beta_summary", "plot_hyperparameters", "plot_sparsity", "ari_table",
+           "hyperparameter_frame", "beta_summary", "plot_hyperparameters", "ari_table",
            "plot_distance_map", "versus_finetuning", "plot_hyperparameters_by_domain", "spread_caption"]
 
 # Table 6's columns, as an experiment file's [published_detail.ari] names them, in the order of
@@ -96,46 +99,54 @@ def beta_summary(rows: list[dict]) -> dict:
 
 
 def _boxes(ax, frame: pd.DataFrame, ylabel: str):
+    """One box per layer / tensor over clients; where no name's values spread visibly (1% of the axis), the
+    per-name mean as a bar instead of boxes collapsed to lines, and the title says so."""
+    from pflkit.report.figures import OKABE_ITO, visible_spread
+
     names = list(dict.fromkeys(frame["name"]))
     data = [frame.loc[frame["name"] == n, "value"].to_numpy() for n in names]
-    ax.boxplot(data, tick_labels=[n.replace(".weight", ".w").replace(".bias", ".b") for n in names], showmeans=True)
+    ticks = [n.replace(".weight", ".w").replace(".bias", ".b") for n in names]
+    span = max(float(frame["value"].abs().max()), 1e-12)
+    if any(visible_spread(d, span=span) for d in data):
+        ax.boxplot(data, tick_labels=ticks, showmeans=True, medianprops={"color": OKABE_ITO[3]},
+                   meanprops={"marker": "D", "markerfacecolor": "black", "markeredgecolor": "black", "markersize": 4})
+        ax.plot([], [], color=OKABE_ITO[3], label="median over clients")
+        ax.plot([], [], "D", color="black", markersize=4, label="mean over clients")
+        ax.legend(fontsize=8)
+    else:
+        ax.bar(range(1, len(names) + 1), [d.mean() for d in data], color=OKABE_ITO[0])
+        ax.set_xticks(range(1, len(names) + 1), ticks)
+        ax.set_title("the same for every client (spread < 1% of the axis)", fontsize=9)
     ax.set_ylabel(ylabel)
-    ax.tick_params(axis="x", rotation=90, labelsize=6)
+    ax.tick_params(axis="x", rotation=90, labelsize=8)
 
 
 def plot_hyperparameters(rows: list[dict], title: str = "", axes=None):
-    """Fig. 2 for one scenario: beta per BN layer, eta per tensor (boxes over clients), sparsity per client."""
+    """Fig. 2 for one scenario from a full report (a fresh run): beta per BN layer and eta per tensor over
+    clients; the sparsity per client drawn when it varies, else stated."""
     import matplotlib.pyplot as plt
+
+    from pflkit.report.figures import constant_statement, text_panel, visible_spread
 
     if axes is None:
-        _, axes = plt.subplots(1, 3, figsize=(14, 3.6), gridspec_kw={"width_ratios": [2, 4, 1], "wspace": 0.3})
+        _, axes = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [2, 4, 1.4], "wspace": 0.3})
     beta = hyperparameter_frame(rows, "beta")
     if len(beta):
-        _boxes(axes[0], beta, "beta (BN mixing)")
+        _boxes(axes[0], beta, "β (0 = pretrained BN stats)")
         axes[0].set_ylim(-0.05, 1.05)
     else:
-        axes[0].text(0.5, 0.5, "no BN layers", ha="center", transform=axes[0].transAxes)
-    _boxes(axes[1], hyperparameter_frame(rows, "eta"), "eta (learning rate)")
+        text_panel(axes[0], "no BN layers")
+    _boxes(axes[1], hyperparameter_frame(rows, "eta"), "η (learning rate)")
     axes[1].axhline(0, color="k", lw=0.5)
-    axes[2].boxplot([report_matrix(rows, "sparsity")[:, 0]], tick_labels=["clients"], showmeans=True)
-    axes[2].set_ylabel("sparsity")
-    axes[2].set_ylim(-0.05, 1.05)
-    axes[0].figure.suptitle(title)
+    sparsity = report_matrix(rows, "sparsity")[:, 0]
+    if visible_spread(sparsity, span=1.0):
+        axes[2].boxplot([sparsity], tick_labels=["clients"], showmeans=True)
+        axes[2].set_ylabel("sparsity (share with η = 0)")
+        axes[2].set_ylim(-0.05, 1.05)
+    else:
+        text_panel(axes[2], constant_statement("sparsity", sparsity, digits=3).replace(" for", "\nfor"))
+    axes[0].figure.suptitle(title, y=1.03)
     return axes[0].figure
-
-
-def plot_sparsity(scenarios: dict[str, list[dict]], ax=None):
-    """Per-client sparsity of several scenarios side by side (the bottom panel of Fig. 2)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(1.5 + 1.2 * len(scenarios), 3.2))
-    ax.boxplot([report_matrix(r, "sparsity")[:, 0] for r in scenarios.values()], tick_labels=list(scenarios),
-               showmeans=True)
-    ax.set_ylabel("sparsity (share of parameters with eta = 0)")
-    ax.set_ylim(-0.05, 1.05)
-    ax.tick_params(axis="x", rotation=20)
-    return ax
 
 
 def ari_table(rows: list[dict], domains, published: tuple | None = None, seed: int = 0) -> pd.DataFrame:
@@ -171,12 +182,16 @@ def plot_distance_map(rows: list[dict], domains, key: str, names=None, ax=None, 
         _, ax = plt.subplots(figsize=(1.2 + 0.9 * len(ids), 1 + 0.8 * len(ids)))
     lim = float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
     im = ax.imshow(m, cmap="RdBu_r", vmin=-lim, vmax=lim)
-    for (j, k), v in np.ndenumerate(m):
-        ax.text(k, j, "nan" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7)
+    for (j, k), v in np.ndenumerate(m):  # white on the dark ends of the map, black on the light middle
+        dark = np.isfinite(v) and abs(v) > 0.55 * lim
+        ax.text(k, j, "nan" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=8,
+                color="white" if dark else "black")
     ax.set_xticks(range(len(ids)), labels, rotation=45, ha="right")
     ax.set_yticks(range(len(ids)), labels)
     ax.set_title(title or f"log normalized distance of {key}")
-    ax.figure.colorbar(im, ax=ax, fraction=0.046)
+    ax.set_xlabel("domain")
+    ax.set_ylabel("domain")
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, label="log normalized distance")
     return ax
 
 
@@ -209,8 +224,8 @@ def plot_hyperparameters_by_domain(rows: list[dict], domains, names=None, title:
     ids = list(np.unique(g))
     labels = [str(i) if names is None else str(names[int(i)]) for i in ids]
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 3], "wspace": 0.2})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        _, axes = plt.subplots(1, 2, figsize=(15, 4), gridspec_kw={"width_ratios": [1.6, 3], "wspace": 0.25})
+    from pflkit.report.figures import OKABE_ITO as colors
 
     def grouped(ax, m, tick_names):
         width = 0.8 / len(ids)
@@ -224,30 +239,54 @@ def plot_hyperparameters_by_domain(rows: list[dict], domains, names=None, title:
                 box.set(facecolor=colors[j % len(colors)], alpha=0.6)
             ax.plot([], [], color=colors[j % len(colors)], lw=6, alpha=0.6, label=labels[j])
         ax.set_xticks(range(m.shape[1]), [n.replace(".weight", ".w").replace(".bias", ".b") for n in tick_names],
-                      rotation=90, fontsize=7)
+                      rotation=90, fontsize=8)
+
+    from pflkit.report.figures import text_panel, visible_spread
+
+    def stated(ax, what, m):
+        # no visible spread on the axis: each domain's mean, in words, instead of boxes collapsed to lines
+        import textwrap
+
+        if not np.nan_to_num(m).any():  # an all-zero panel is that sentence
+            text_panel(ax, textwrap.fill(f"{what} = 0 for every client and domain: every client keeps the "
+                                         "pretrained statistics.", 44))
+            return
+        means = ", ".join(f"{lab} {np.nanmean(m[g == d]):.4g}" for d, lab in zip(ids, labels))
+        text_panel(ax, textwrap.fill(f"{what} has no visible spread across clients (below 1% of the axis), so no "
+                                     f"boxes are drawn. Mean by domain: {means}", 44))
 
     beta = report_matrix(rows, "beta")
     if beta.size and beta.shape[1]:
-        grouped(axes[0], beta, list(rows[0]["beta"]))
-        axes[0].set_ylabel("beta (0: pretrained BN stats, 1: client's)")
-        axes[0].set_ylim(-0.05, 1.05)  # the full range: a spread of 1e-5 must look flat
-        axes[0].set_title("beta: " + spread_caption(beta, g), fontsize=8)
-        axes[0].legend(fontsize=7)
+        if visible_spread(beta.ravel() - np.repeat(beta.mean(axis=0, keepdims=True), len(beta), 0).ravel(), span=1.0):
+            grouped(axes[0], beta, list(rows[0]["beta"]))
+            axes[0].set_ylabel("beta (0: pretrained BN stats, 1: client's)")
+            axes[0].set_ylim(-0.05, 1.05)  # the full range: a spread of 1e-5 must look flat
+            axes[0].legend(title="domain", fontsize=8)
+        else:
+            stated(axes[0], "β of each BN layer", beta)
+        axes[0].set_title("beta: " + spread_caption(beta, g), fontsize=9)
     else:
-        axes[0].text(0.5, 0.5, "no BN layers", ha="center", transform=axes[0].transAxes)
+        text_panel(axes[0], "no BN layers")
     eta = report_matrix(rows, "eta")
     med = np.median(eta, axis=0)
     rel = np.divide(eta, med, out=np.full_like(eta, np.nan), where=med != 0)
-    grouped(axes[1], rel, list(rows[0]["eta"]))
-    axes[1].axhline(1.0, color="k", lw=0.5)
-    # at least +-5% around 1, so that a near-constant eta is drawn as the flat line it is
     finite = rel[np.isfinite(rel)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (1.0, 1.0)
-    pad = 0.05 * max(hi - lo, 0.1)
-    axes[1].set_ylim(min(lo - pad, 0.95), max(hi + pad, 1.05))
-    axes[1].set_ylabel("eta / its median over clients")
-    axes[1].set_title("eta: " + spread_caption(eta, g), fontsize=8)
-    axes[0].figure.suptitle(title)
+    # a learning rate within 1% of the typical client's is the same learning rate: stated, not drawn
+    if visible_spread(finite, span=1.0):
+        grouped(axes[1], rel, list(rows[0]["eta"]))
+        axes[1].axhline(1.0, color="k", lw=0.5)
+        lo, hi = float(finite.min()), float(finite.max())
+        pad = 0.05 * max(hi - lo, 0.1)
+        axes[1].set_ylim(min(lo - pad, 0.95), max(hi + pad, 1.05))
+        axes[1].set_ylabel("eta / its median over clients")
+        axes[1].legend(title="domain", fontsize=8)
+    else:
+        text_panel(axes[1], "η / its median over clients stays within "
+                            f"{100 * float(np.max(np.abs(finite - 1))) if finite.size else 0:.2g}% of 1 for every client "
+                            "and tensor (under 1%, so no boxes are drawn):\nLRNet gives every client the same "
+                            "learning rates, whatever its domain.")
+    axes[1].set_title("eta: " + spread_caption(eta, g), fontsize=9)
+    axes[0].figure.suptitle(title, y=1.03)
     return axes[0].figure
 
 
@@ -269,3 +308,4 @@ def versus_finetuning(results: dict, label: str = "FedL2P", ft_labels=FT_LABELS,
     ours = acc(label)
     return {"fedl2p": ours, "best_ft_label": best, "best_ft": fts.get(best),
             "gain": None if ours is None or best is None else ours - fts[best]}
+
