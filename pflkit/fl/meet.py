@@ -10,6 +10,7 @@ cannot be batched (`pflkit.fl.vectorized.why_not`) run in their own thread with 
 from __future__ import annotations
 
 import contextvars
+import logging
 import queue
 import threading
 from functools import partial
@@ -17,6 +18,8 @@ from typing import Any, Callable, Iterator
 
 from pflkit.fl.train import SGD_OFFLOAD, Batch, SGDPlan
 from pflkit.fl.vectorized import Request, run_plans, why_not
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Rendezvous", "run_together"]
 
@@ -93,15 +96,18 @@ class _Workers:
 
     def _loop(self) -> None:
         while True:
-            task = self._tasks.get()
+            task, after = self._tasks.get()
             try:
                 task()
+            except BaseException:  # noqa: BLE001 - a task hands its errors over itself; never lose the thread
+                log.exception("a vectorized client thread's task failed")
             finally:
                 with self._lock:
                     self._free += 1
+                after()  # free before the caller hears of it: its next round finds this thread free
 
-    def submit(self, tasks: list[Callable[[], None]]) -> None:
-        """Run each of ``tasks`` in a thread of its own (each task handles its own errors)."""
+    def submit(self, tasks: list[Callable[[], None]], after: Callable[[], None]) -> None:
+        """Run each of ``tasks`` in a thread of its own (each task handles its own errors), then ``after``."""
         with self._lock:
             new = max(0, len(tasks) - self._free)
             self._free += new - len(tasks)
@@ -109,7 +115,7 @@ class _Workers:
         for i in range(new):
             threading.Thread(target=self._loop, daemon=True, name=f"pflkit-vclient-{first + i}").start()
         for task in tasks:
-            self._tasks.put(task)
+            self._tasks.put((task, after))
 
 
 _WORKERS = _Workers()
@@ -127,9 +133,8 @@ def run_together(calls: list[Callable[[], Any]], note: Callable[[str], None]) ->
             outcomes[i] = (call(), None)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, in the clients' order
             outcomes[i] = (None, e)
-        finally:
-            meet.leave()
 
-    _WORKERS.submit([partial(contextvars.copy_context().run, body, i, call) for i, call in enumerate(calls)])
+    _WORKERS.submit([partial(contextvars.copy_context().run, body, i, call) for i, call in enumerate(calls)],
+                    after=meet.leave)
     meet.serve()  # returns once every call has left, its outcome set
     return outcomes

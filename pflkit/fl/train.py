@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -118,7 +118,7 @@ class BatchStream:
     steps: int = 0
     device: object = None
     augment: bool = True
-    _it: Iterator[Batch] | None = None
+    _it: Iterator[Batch] | None = field(default=None, repr=False, compare=False)
 
     @property
     def started(self) -> bool:
