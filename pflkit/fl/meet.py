@@ -84,8 +84,9 @@ class Rendezvous:
 
 
 class _Workers:
-    """Client threads kept across rounds: starting 50 threads a round cost the host more than their
-    steps did (about 1 ms each with other threads holding the GIL). Every call handed over gets a thread
+    """Client threads kept across rounds: starting 50 threads a round took about 1 ms each (other threads
+    holding the GIL), about a fifth of the host's time in a round of the host workload
+    (benchmarks/vectorized.py --workload host). Every call handed over gets a thread
     of its own (one that is free, or a new one): a client waits for the others inside `local_sgd`, so
     they must all run at once."""
 
