@@ -251,6 +251,45 @@ def test_vectorized_engine_on_cuda_equals_the_sequential_one(name, monkeypatch):
             assert g["train_loss"] == pytest.approx(w["train_loss"], rel=LOSS_RTOL, abs=drift), (w["round"], u)
 
 
+def test_vectorized_memory_budget_chunks_on_cuda(monkeypatch):
+    """On CUDA, a `PFLKIT_VECTOR_MEMORY` budget below what the round's 4 clients measure on their first step
+    runs them in chunks, with the numbers of the round run all at once (within float rounding): the
+    twin of tests/fl/test_vectorized_host.py's CPU case; and the default budget is half the free memory."""
+    import dataclasses
+
+    from pflkit.fl import engines
+    from pflkit.fl.federation import build_federation
+    from pflkit.fl.loop import run_rounds
+    from pflkit.fl.vectorized import MemoryProbe, memory_budget
+    from tests.fl.test_engines import _config
+    from tests.fl.test_vectorized import smooth
+    from tests.helpers_compare import assert_tree
+    from tests.helpers_data import digits_dataset, digits_env
+
+    free = torch.cuda.mem_get_info()[0]
+    assert 0.3 * free <= memory_budget(torch.device("cuda")) <= 0.6 * free
+    fed = build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    algo, cfg = ALGORITHMS["fedavg"], _config("fedavg")
+    measured, notes = [], []
+    real = MemoryProbe.check
+    monkeypatch.setattr(MemoryProbe, "check", lambda self, b, n: measured.append((b, n)) or real(self, b, n))
+    monkeypatch.setattr(engines, "_noter", lambda algo: notes.append)
+
+    def run():
+        env = dataclasses.replace(digits_env(seed=1), engine="vectorized", device=torch.device("cuda"))
+        env = dataclasses.replace(env, model_fn=smooth(env.model_fn))  # no ReLU to flip on rounding
+        env.seed_torch("init")
+        return run_rounds(algo, cfg, fed, env.model_fn().to(env.device), env)
+
+    with fp32_cuda():
+        whole = run()
+        assert whole.status == "ok" and measured and not notes
+        monkeypatch.setenv("PFLKIT_VECTOR_MEMORY", str(int(max(b // n for b, n in measured) * 2.5)))
+        chunked = run()
+    assert chunked.status == "ok" and notes and all("chunks of 2" in n for n in notes), notes
+    assert_tree(chunked.state, whole.state, "state", tol={"rtol": 1e-4, "atol": 1e-5})
+
+
 def test_auto_engine_is_vectorized_on_cuda():
     from pflkit.fl.engines import resolve_engine
 

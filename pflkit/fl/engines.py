@@ -13,12 +13,15 @@ history and the checkpoints; an engine only turns the round's sampled ids into t
     generators, so the numbers are the sequential engine's; at most one client update per
     worker is in flight.
 ``vectorized``
-    the round's clients train together: each client's update runs in a thread of its own and
-    their `local_sgd` calls are batched into one ``torch.func.vmap`` over the clients' stacked
-    weights (`pflkit.fl.vectorized`); evaluation passes too (FT's fine-tuning, FedBABU's head).
-    For algorithms that declare it (`Algorithm.vectorizable`); others run sequentially, with
-    a log line saying why. Meant for a GPU; on the CPU it runs (the equivalence tests use it)
-    but convolutions there are compute-bound, so it does not pay.
+    the round's clients train together: each client's update runs in a thread of its own (kept
+    across rounds) and their `local_sgd` calls are batched: every step is one vmapped forward over
+    the clients' stacked weights and one backward pass (`pflkit.fl.vectorized`), the clients'
+    batches gathered with one index op, a memory budget splitting the round into chunks;
+    evaluation passes too (FT's fine-tuning, FedBABU's head). For algorithms that declare it
+    (`Algorithm.vectorizable`); others run sequentially, with a log line saying why. It pays
+    where the host's cost per step dominates (a GPU; on the CPU, models whose arithmetic is
+    negligible: benchmarks/vectorized.py --workload host); convolutions on the CPU are
+    compute-bound, so ``auto`` never picks it there.
 ``auto``
     ``vectorized`` on CUDA for an algorithm that declares it; ``threads`` on the CPU when more
     than one core is available; ``sequential`` otherwise, and whenever a round samples one client.
@@ -44,7 +47,7 @@ import torch
 
 from pflkit.config import ConfigError
 from pflkit.fl.algorithm import Algorithm, Env, Update
-from pflkit.fl.vectorized import run_together
+from pflkit.fl.meet import run_together
 
 log = logging.getLogger(__name__)
 

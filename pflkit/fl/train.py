@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -94,16 +94,52 @@ def proximal_penalty(named_params: Iterable[tuple[str, torch.Tensor]], anchor: d
     return 0.5 * lam * sum((p - anchor[n].to(p.device)).pow(2).sum() for n, p in named_params)
 
 
-def sgd_batches(client: Client, split: str, batch_size: int, generator: torch.Generator, *, epochs: int = 1,
-                steps: int = 0, device=None, augment: bool = True) -> Iterator[Batch]:
-    """The batches of a local training, drawn lazily from ``generator``: ``steps`` fresh random batches
-    when ``steps > 0`` (pFedHN's K local steps), else ``epochs`` shuffled passes over ``split``."""
+def _batch_stream(client: Client, split: str, batch_size: int, generator: torch.Generator, epochs: int, steps: int,
+                  device, augment: bool) -> Iterator[Batch]:
     if steps > 0:
         for _ in range(steps):
             yield client.random_batch(split, batch_size, generator, device, augment)
     else:
         for _ in range(epochs):
             yield from client.batches(split, batch_size, generator, shuffle=True, device=device, augment=augment)
+
+
+@dataclass
+class BatchStream:
+    """`sgd_batches`' iterator: the batches drawn lazily, on the first `next`, and the recipe that draws
+    them (its fields), from which the vectorized engine draws the positions of many clients' batches with
+    the same generator calls and gathers them together (`pflkit.fl.vectorized.positions`)."""
+
+    client: Client
+    split: str
+    batch_size: int
+    generator: torch.Generator
+    epochs: int = 1
+    steps: int = 0
+    device: object = None
+    augment: bool = True
+    _it: Iterator[Batch] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def started(self) -> bool:
+        """Whether a batch has been drawn (the recipe no longer says what is left)."""
+        return self._it is not None
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._it is None:
+            self._it = _batch_stream(self.client, self.split, self.batch_size, self.generator, self.epochs,
+                                     self.steps, self.device, self.augment)
+        return next(self._it)
+
+
+def sgd_batches(client: Client, split: str, batch_size: int, generator: torch.Generator, *, epochs: int = 1,
+                steps: int = 0, device=None, augment: bool = True) -> BatchStream:
+    """The batches of a local training, drawn lazily from ``generator``: ``steps`` fresh random batches
+    when ``steps > 0`` (pFedHN's K local steps), else ``epochs`` shuffled passes over ``split``."""
+    return BatchStream(client, split, batch_size, generator, epochs, steps, device, augment)
 
 
 def local_sgd(model: nn.Module, client: Client, *, lr: float, batch_size: int, generator: torch.Generator,

@@ -1,23 +1,32 @@
 """Many clients' local SGD as one computation: ``torch.func.vmap`` over their stacked weights.
 
 The vectorized engine (`pflkit.fl.engines.run_vectorized`) runs each sampled client's
-``client_update`` in a thread of its own, as the threads engine does, but the threads do not
-train: every `pflkit.fl.train.local_sgd` call hands its `SGDPlan` and its batch stream to a
-`Rendezvous` (through `pflkit.fl.train.SGD_OFFLOAD`) and waits. When every client thread is
-waiting or finished, the calling thread runs the waiting plans together (`run_plans`) and
-wakes the threads, which go on with their update (build the message, train again, ...).
+``client_update`` in a thread whose `pflkit.fl.train.local_sgd` calls do not train but wait
+(`pflkit.fl.meet`); the calling thread runs the waiting plans together (`run_plans`, here).
 
 Plans that agree on the architecture, the trainable tensors and the SGD settings form a group
 (`signature`). A group's parameters, buffers (each client's BatchNorm statistics) and momentum
-buffers are stacked along a leading client axis, and every step is one
-``vmap(grad(loss))`` over the clients, followed by `torch.optim.SGD`'s arithmetic on the stacks.
+buffers are stacked along a leading client axis once, and every step is one ``vmap`` of the
+model's forward over the clients, one loss for all of them and one ordinary backward pass of
+their summed losses (client ``i``'s loss depends on its slice alone, so that gives each its own
+gradient; a ``vmap(grad(...))`` cost the host several times more per step), followed by
+`torch.optim.SGD`'s arithmetic on the stacks; the stacks go back into the clients' models once.
 
-Lockstep: at step ``s`` every client of the group draws its ``s``-th batch from its own stream,
+Lockstep: at step ``s`` every client of the group takes its ``s``-th batch from its own stream,
 made by the same generator calls as in the sequential engine, so the clients see the batches
-they would see one after another. A client whose stream has ended is masked out (its tensors
-stay as they are) and the group goes on with the others; clients whose ``s``-th batch has
-another size (the short last batch of an epoch) form a subgroup of their own at that step,
-because padding a batch would change BatchNorm's batch statistics.
+they would see one after another. Where the streams allow it (`positions`: no augmentation, the
+data in one tensor) every client's batch positions are drawn up front with those calls and a
+step's batches are gathered with one index op from the pooled tensors. A client whose stream has
+ended is masked out (its tensors stay as they are) and the group goes on with the others.
+Clients whose ``s``-th batch has another size (the short last batch of an epoch) are padded and
+their padding masked out of the loss when the model computes each sample on its own (`paddable`),
+else they form a subgroup of their own at that step, because padding would change BatchNorm's
+batch statistics.
+
+Memory: with a budget (`memory_budget`: ``$PFLKIT_VECTOR_MEMORY``, on CUDA half the free memory)
+a group's first step measures what it takes (`MemoryProbe`: the activations autograd saves plus
+the stacked state) and, when the whole group would not fit, the group runs in chunks that do;
+running out of memory anyway splits it in halves.
 
 Plans that cannot be batched (`why_not`: a custom criterion, a free-form extra loss, gradient
 hooks, dropout, ...) run in their own thread with the ordinary loop, and say why once.
@@ -28,25 +37,28 @@ rounds of 5 steps: 0.34-0.46 at most over the server state), and the vectorized 
 """
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import itertools
 import logging
+import os
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+import types
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 
 from pflkit import kernels
 from pflkit.errors import Diverged
-from pflkit.fl.train import SGD_OFFLOAD, Batch, SGDPlan, check_finite, proximal_penalty, sgd_step
+from pflkit.fl.lockstep_batches import Source, loose_steps, pooled_steps
+from pflkit.fl.train import Batch, SGDPlan, check_finite, sgd_step
 
 log = logging.getLogger(__name__)
 
-__all__ = ["why_not", "signature", "run_plans", "Rendezvous", "run_together"]
+__all__ = ["why_not", "signature", "run_plans", "Request", "paddable", "memory_budget", "MemoryProbe"]
 
 
 # ----------------------------------------------------------------------------- what can be batched
@@ -104,16 +116,17 @@ class Request:
     batches: Iterator[Batch]
     stats: dict | None = None
     error: BaseException | None = None
-    done: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class _Fallback(Exception):
     """A group's stacking or first vmapped step failed: nothing has moved yet. ``memory``: it ran out of
-    memory (then halves of the group are tried)."""
+    memory (then halves of the group are tried); ``per_client``: the bytes one client's step takes, when
+    the group's first step measured more than the memory budget (then chunks that fit are tried)."""
 
-    def __init__(self, why: str, memory: bool):
+    def __init__(self, why: str, memory: bool, per_client: int = 0):
         super().__init__(why)
-        self.memory = memory
+        self.memory, self.per_client = memory, per_client
 
 
 def _fallback(e: Exception) -> _Fallback:
@@ -121,18 +134,46 @@ def _fallback(e: Exception) -> _Fallback:
     return _Fallback(f"{type(e).__name__}: {' '.join(str(e).split())[:160]}", memory)
 
 
-def _loss_fn(template: nn.Module, names: list[str], lam: float | None, decay: float) -> Callable:
-    """``(trainable, frozen, buffers, x, y, anchor) -> (loss, loss)`` of one client, for ``grad``: the
-    terms of `pflkit.fl.train.run_sgd`, in its order."""
-    def loss(trainable, frozen, buffers, x, y, anchor):
-        weights = {**trainable, **frozen}
-        value = F.cross_entropy(functional_call(template, {**weights, **buffers}, (x,)), y)
-        if lam is not None:
-            value = value + proximal_penalty(((n, weights[n]) for n in names), anchor, lam)
-        if decay > 0:
-            value = value + 0.5 * decay * sum(p.pow(2).sum() for p in trainable.values())
-        return value, value.detach()
-    return loss
+# leaf modules whose output for one sample depends on that sample alone: a group of models made of these
+# (and containers) can pad a short batch with masked samples; BatchNorm and anything unknown cannot
+PER_SAMPLE = (nn.Linear, nn.Bilinear, nn.Identity, nn.Flatten, nn.Unflatten, nn.Embedding, nn.ReLU, nn.ReLU6,
+              nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.Softplus, nn.Hardswish, nn.Mish,
+              nn.modules.conv._ConvNd, nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
+              nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd, nn.LayerNorm,
+              nn.GroupNorm, nn.modules.dropout._DropoutNd)
+
+
+def paddable(model: nn.Module) -> bool:
+    """Whether padding a batch with extra samples leaves the real samples' outputs as they are: no
+    buffers (BatchNorm's statistics), every leaf module in `PER_SAMPLE` (dropout only at p = 0 or in
+    eval mode; `why_not` has kept the others out)."""
+    if next(model.buffers(), None) is not None:
+        return False
+    leaves = (m for m in model.modules() if next(m.children(), None) is None)
+    return all(isinstance(m, PER_SAMPLE) for m in leaves)
+
+
+def _forward_fn(template: nn.Module) -> Callable:
+    """``(weights, buffers, x) -> outputs`` of one client, for ``vmap`` (BatchNorm updates ``buffers`` in place)."""
+    def forward(weights, buffers, x):
+        return functional_call(template, {**weights, **buffers}, (x,))
+    return forward
+
+
+def _client_losses(out: torch.Tensor, y: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+    """Each client's mean cross-entropy (`F.cross_entropy`'s mean over its batch), from the stacked outputs
+    ``out`` and labels ``y`` (client axis first); one loss call outside the vmap for all clients.
+    ``real``: 1 for a client's real samples, 0 for padding (a padded sample adds an exact zero to the
+    sum and to every gradient), the mean over the real ones."""
+    per = F.cross_entropy(out.flatten(0, 1), y.flatten(0, 1), reduction="none").view(y.shape[0], -1)
+    if real is None:
+        return per.mean(1)
+    return (per * real).sum(1) / real.sum(1)
+
+
+def _per_client_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``sum_t sum(t[i])`` per client ``i`` (client axis first), as Python's ``sum`` adds the tensors."""
+    return sum(t.flatten(1).sum(1) for t in tensors)
 
 
 class _Group:
@@ -146,9 +187,12 @@ class _Group:
         self.train = [ids[id(p)] for p in first.params]
         self.frozen = [n for n in self.names if n not in set(self.train)]
         self.bnames = [n for n, _ in first.model.named_buffers()]
+        params = [dict(p.model.named_parameters()) for p in plans]
+        bufs = [dict(p.model.named_buffers()) for p in plans]
+        self.pad = paddable(first.model)
         with torch.no_grad():
-            self.P = {n: torch.stack([dict(p.model.named_parameters())[n].detach() for p in plans]) for n in self.names}
-            self.B = {n: torch.stack([dict(p.model.named_buffers())[n] for p in plans]) for n in self.bnames}
+            self.P = {n: torch.stack([ps[n].detach() for ps in params]) for n in self.names}
+            self.B = {n: torch.stack([bs[n] for bs in bufs]) for n in self.bnames}
             self.A = None if first.prox is None else {
                 n: torch.stack([p.prox[1][n].to(self.P[n].device, self.P[n].dtype) for p in plans]) for n in self.names}
             masked = {n for p in plans for n, m in zip(self.train, p.grad_masks or ()) if m is not None}
@@ -157,12 +201,29 @@ class _Group:
         device = self.P[self.names[0]].device
         self.total = torch.zeros(len(plans), dtype=torch.float64, device=device)
         self.seen, self.taken = [0] * len(plans), [0] * len(plans)
-        lam = None if first.prox is None else first.prox[0]
-        self.step_fn = vmap(grad(_loss_fn(self.template, self.names, lam, first.loss_decay), has_aux=True),
-                            in_dims=(0, 0, 0, 0, 0, None if self.A is None else 0))
+        self.lam = None if first.prox is None else first.prox[0]
+        self.forward = vmap(_forward_fn(self.template))
+        self.measure: Callable[[int, int], None] | None = None  # `MemoryProbe.check`, on a budget's first step
 
-    def step(self, idx: list[int], x: torch.Tensor, y: torch.Tensor) -> None:
-        """One SGD step of the clients ``idx`` on their stacked batches ``x``, ``y`` (client axis first)."""
+    def losses(self, weights: dict, buffers: dict, anchor: dict | None, x: torch.Tensor, y: torch.Tensor,
+               real: torch.Tensor | None = None):
+        """Each client's loss, the terms of `pflkit.fl.train.run_sgd` in its order: the data term
+        (one vmapped forward over the clients), the proximal term, the masked weight decay."""
+        value = _client_losses(self.forward(weights, buffers, x), y, real)
+        if self.lam is not None:
+            value = value + 0.5 * self.lam * _per_client_sum((weights[n] - anchor[n]).pow(2) for n in self.names)
+        decay = self.plans[0].loss_decay
+        if decay > 0:
+            value = value + 0.5 * decay * _per_client_sum(weights[n].pow(2) for n in self.train)
+        return value
+
+    def step(self, idx: list[int], x: torch.Tensor, y: torch.Tensor, counts: list[int] | None = None) -> None:
+        """One SGD step of the clients ``idx`` on their stacked batches ``x``, ``y`` (client axis first);
+        ``counts``: each client's real samples, the first of its row (the rest pad it; `paddable` groups).
+
+        The gradient of the clients' summed losses with respect to their stacked weights is each client's
+        own gradient (client ``i``'s loss depends on its slice only), so one ordinary backward pass
+        through the vmapped forward gives them all."""
         plan = self.plans[0]
         full = idx == list(range(len(self.plans)))
         sel = None if full else torch.tensor(idx, device=x.device)
@@ -170,11 +231,27 @@ class _Group:
         def take(t: torch.Tensor) -> torch.Tensor:
             return t if full else t.index_select(0, sel)
 
-        trainable = {n: take(self.P[n]) for n in self.train}
+        # leaves sharing the stacks' storage (a subgroup's: copies, written back below)
+        trainable = {n: take(self.P[n]).detach().requires_grad_() for n in self.train}
         buffers = {n: take(self.B[n]) for n in self.bnames}  # BatchNorm updates these in place
         anchor = None if self.A is None else {n: take(self.A[n]) for n in self.names}
+        real = None
+        if counts is not None and min(counts) < y.shape[1]:
+            real = (torch.arange(y.shape[1], device=y.device) < torch.tensor(counts, device=y.device)[:, None])
+            real = real.to(x.dtype if x.is_floating_point() else torch.float32)
+        sizes = torch.tensor(counts or [y.shape[1]] * len(idx), device=self.total.device, dtype=torch.float64)
         with torch.enable_grad():
-            grads, losses = self.step_fn(trainable, {n: take(self.P[n]) for n in self.frozen}, buffers, x, y, anchor)
+            if self.measure is not None:
+                with MemoryProbe.saved() as saved:
+                    losses = self.losses({**trainable, **{n: take(self.P[n]) for n in self.frozen}}, buffers,
+                                         anchor, x, y, real)
+                self.measure(saved.bytes + self.state_bytes() * len(idx) // len(self.plans), len(idx))
+                self.measure = None
+            else:
+                losses = self.losses({**trainable, **{n: take(self.P[n]) for n in self.frozen}}, buffers, anchor, x, y,
+                                     real)
+            grads = dict(zip(self.train, torch.autograd.grad(losses.sum(), [trainable[n] for n in self.train])))
+            losses = losses.detach()
         with torch.no_grad():
             if not full:
                 for n in self.bnames:
@@ -184,7 +261,7 @@ class _Group:
                 grads = _clipped(grads, self.train, plan.max_grad_norm)
             # SGD's step on the stacks, in place (on copies for a subgroup, written back); elementwise, so
             # per client; the zero momentum buffers make each client's first buffer its gradient, as SGD's copy
-            weights = [trainable[n] for n in self.train]
+            weights = [trainable[n].detach() for n in self.train]
             bufs = sgd_step(weights, [grads[n] for n in self.train],
                             [take(self.M[n]) for n in self.train] if plan.momentum else [None] * len(self.train),
                             lr=plan.lr, momentum=plan.momentum, weight_decay=plan.weight_decay)
@@ -193,10 +270,19 @@ class _Group:
                     self.P[n].index_copy_(0, sel, w)
                     if buf is not None:
                         self.M[n].index_copy_(0, sel, buf)
-            self.total.index_add_(0, torch.tensor(idx, device=self.total.device), losses.double() * y.shape[1])
-        for i in idx:
-            self.seen[i] += y.shape[1]
+            if full:
+                self.total.add_(losses.double() * sizes)
+            else:
+                self.total.index_add_(0, torch.tensor(idx, device=self.total.device), losses.double() * sizes)
+        for j, i in enumerate(idx):
+            self.seen[i] += counts[j] if counts else y.shape[1]
             self.taken[i] += 1
+
+    def state_bytes(self) -> int:
+        """Bytes of the group's stacked state and of one step's gradients (every client)."""
+        stacks = itertools.chain(self.P.values(), self.B.values(), self.M.values(), self.G.values(),
+                                 (self.A or {}).values(), (self.P[n] for n in self.train))
+        return sum(t.numel() * t.element_size() for t in stacks)
 
     def write_back(self) -> None:
         """Each client's trained tensors into its own model (what the ordinary loop leaves there)."""
@@ -208,9 +294,10 @@ class _Group:
                 for n in self.bnames:
                     buffers[n].copy_(self.B[n][i])
 
-    def stats(self, i: int) -> dict:
-        """`local_sgd`'s return value for client ``i`` (`Diverged` on a non-finite loss)."""
-        loss = check_finite(float(self.total[i]), self.plans[i].where) / max(self.seen[i], 1)
+    def stats(self, i: int, total: float) -> dict:
+        """`local_sgd`'s return value for client ``i`` whose summed loss is ``total`` (`Diverged` on a
+        non-finite loss)."""
+        loss = check_finite(total, self.plans[i].where) / max(self.seen[i], 1)
         return {"loss": loss, "steps": self.taken[i], "samples": self.seen[i]}
 
 
@@ -229,164 +316,128 @@ def _clipped(grads: dict, names: list[str], max_norm: float) -> dict:
     return {n: grads[n] * coef.view(-1, *[1] * (grads[n].dim() - 1)) for n in names}
 
 
-def _by_size(live: list[int], got: dict[int, Batch]) -> list[list[int]]:
-    """The live clients grouped by the shapes of their current batch (first-seen order)."""
-    groups: dict[tuple, list[int]] = {}
-    for i in live:
-        groups.setdefault((tuple(got[i][0].shape), tuple(got[i][1].shape)), []).append(i)
-    return list(groups.values())
-
-
-def _draw(reqs: list[Request], live: list[int]) -> dict[int, Batch]:
-    """The next batch of each live client; a stream that fails sets its request's error."""
-    got = {}
-    for i in live:
-        try:
-            got[i] = next(reqs[i].batches)
-        except StopIteration:
-            pass
-        except Exception as e:  # noqa: BLE001 - the client's own failure, raised in its thread
-            reqs[i].error = e
-    return got
-
-
-def _run_group(reqs: list[Request]) -> None:
-    """Train one group of requests in lockstep and fill in their stats or errors."""
+def _run_group(reqs: list[Request], budget: int | None = None) -> None:
+    """Train one group of requests in lockstep and fill in their stats or errors; with a memory ``budget``
+    (bytes), the first step measures what a client takes (`MemoryProbe`) and stops the group before
+    anything moves when all of them would take more."""
     try:
         group = _Group([r.plan for r in reqs])
     except Exception as e:
         raise _fallback(e) from e
-    live, first = list(range(len(reqs))), True
+    if budget is not None:
+        group.measure = MemoryProbe(budget, len(reqs)).check
+    src = Source(reqs)
+    live, step = list(range(len(reqs))), 0
     while live:
-        got = _draw(reqs, live)
-        live = [i for i in live if i in got]
-        for idx in _by_size(live, got):
-            x = torch.stack([got[i][0] for i in idx])
-            y = torch.stack([got[i][1] for i in idx])
+        got: dict = {}
+        if src.pooled:
+            live, work = pooled_steps(src, live, step, group.pad)
+        else:
+            live, work, got = loose_steps(src, live, step)
+        for idx, (x, y), counts in work:
             try:
-                group.step(idx, x, y)
+                group.step(idx, x, y, counts)
             except Exception as e:
-                if not first:
+                if step > 0:
                     raise
-                for i in live:  # nothing has moved yet: each plan starts over with the batch it drew
-                    reqs[i].batches = itertools.chain([got[i]], reqs[i].batches)
-                raise _fallback(e) from e
-            first = False
+                src.restart(live, got, 0)  # nothing has moved yet: each plan starts over with its batches
+                raise e if isinstance(e, _Fallback) else _fallback(e) from e
+        step += 1
     group.write_back()
-    for i, r in enumerate(reqs):
+    for i, (r, total) in enumerate(zip(reqs, group.total.tolist())):  # one sync for all clients
         if r.error is None:
             try:
-                r.stats = group.stats(i)
+                r.stats = group.stats(i, total)
             except Diverged as e:
                 r.error = e
+
+
+# ----------------------------------------------------------------------------- memory budget
+
+def memory_budget(device: torch.device) -> int | None:
+    """Bytes a group's step may take: ``$PFLKIT_VECTOR_MEMORY`` (bytes) when set, else on CUDA half the
+    memory free now (what a step measures, `MemoryProbe`, leaves out the transient buffers), else None
+    (no budget: the CPU's memory is the process's)."""
+    value = os.environ.get("PFLKIT_VECTOR_MEMORY", "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"PFLKIT_VECTOR_MEMORY={value!r}: expected a positive number of bytes")
+        return int(value)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    return None
+
+
+class MemoryProbe:
+    """What one step of a group takes, measured on its first step: the bytes autograd saves for the
+    backward pass (the activations, counted once per storage) plus the stacked state and gradients;
+    `check` stops the group (`_Fallback` with the bytes per client) when the whole group would take
+    more than the budget."""
+
+    def __init__(self, budget: int, clients: int):
+        self.budget, self.clients = budget, clients
+
+    @staticmethod
+    @contextlib.contextmanager
+    def saved():
+        """Counts the bytes of the tensors autograd saves inside the block (``.bytes``)."""
+        seen: set = set()
+        out = types.SimpleNamespace(bytes=0)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                out.bytes += storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield out
+
+    def check(self, measured: int, stepped: int) -> None:
+        """``measured`` bytes for a first step of ``stepped`` clients: raise when all would not fit."""
+        per_client = -(-measured // max(stepped, 1))
+        if per_client * self.clients > self.budget:
+            raise _Fallback(f"{self.clients} clients take about {per_client * self.clients / 2**20:.1f} MiB a step, "
+                            f"over the budget of {self.budget / 2**20:.1f} MiB", True, per_client)
 
 
 def run_plans(reqs: list[Request], note: Callable[[str], None]) -> None:
     """Run every request: the groups of equal `signature` one after another, each in lockstep.
 
-    A group too large for the device's memory is split in halves, until it fits. A group whose
-    first step fails otherwise (an op without a batching rule, say) leaves its requests without
-    stats: their threads run them with the ordinary loop; ``note`` hears why.
+    A group whose first step measures more than the memory budget (`memory_budget`, `MemoryProbe`)
+    runs in chunks that fit; a group too large for the device's memory is split in halves, until it
+    fits. A group whose first step fails otherwise (an op without a batching rule, say) leaves its
+    requests without stats: their threads run them with the ordinary loop; ``note`` hears why.
     """
     groups: dict[tuple, list[Request]] = {}
     for r in reqs:
         groups.setdefault(signature(r.plan), []).append(r)
     with kernels.use_backend("reference"):  # custom ops: their vmappable pure-PyTorch twins
         for members in groups.values():
-            _run_members(members, note)
+            device = next(members[0].plan.model.parameters()).device
+            _run_members(members, note, memory_budget(device))
 
 
-def _run_members(members: list[Request], note: Callable[[str], None]) -> None:
+def _run_members(members: list[Request], note: Callable[[str], None], budget: int | None = None) -> None:
     try:
-        _run_group(members)
+        _run_group(members, budget)
     except _Fallback as e:
         if not (e.memory and len(members) > 1):
             note(f"the vmapped step failed ({e})")
             return
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        if e.per_client:
+            size = max(1, min(len(members) - 1, budget // e.per_client))
+            note(f"{e}; they run in chunks of {size}")
+            for i in range(0, len(members), size):
+                _run_members(members[i:i + size], note, budget)
+            return
         half = len(members) // 2
         note(f"{len(members)} clients at once ran out of memory; they run in halves")
-        _run_members(members[:half], note)
-        _run_members(members[half:], note)
+        _run_members(members[:half], note, budget)
+        _run_members(members[half:], note, budget)
     except Exception as e:  # noqa: BLE001 - raised in each member's thread, as there
         for r in members:
             r.error = r.error or e
-
-
-# ----------------------------------------------------------------------------- threads meet here
-
-class Rendezvous:
-    """Where the client threads of a vectorized round hand over their `local_sgd` calls.
-
-    `offload` (a client thread) queues a call and waits; `serve` (the calling thread) runs the
-    queued calls together whenever every live client thread is waiting, until all have left.
-    """
-
-    def __init__(self, threads: int, note: Callable[[str], None]):
-        self._cond = threading.Condition()
-        self._live, self._pending = threads, []
-        self._note = note
-
-    def offload(self, plan: SGDPlan, batches: Iterator[Batch]):
-        """`pflkit.fl.train.SGD_OFFLOAD` of a client thread: ``(stats, batches)``, stats None to run it there."""
-        why = why_not(plan)
-        if why:
-            self._note(why)
-            return None, batches
-        req = Request(plan, batches)
-        with self._cond:
-            self._pending.append(req)
-            self._cond.notify_all()
-            while not req.done:
-                self._cond.wait()
-        if req.error is not None:
-            raise req.error
-        return req.stats, req.batches
-
-    def leave(self) -> None:
-        """A client thread has finished (or failed)."""
-        with self._cond:
-            self._live -= 1
-            self._cond.notify_all()
-
-    def serve(self) -> None:
-        """Run the queued calls each time every live thread waits; return when all threads have left."""
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._live == 0 or len(self._pending) == self._live)
-                if not self._pending:
-                    return
-                batch, self._pending = self._pending, []
-            try:
-                run_plans(batch, self._note)
-            finally:
-                with self._cond:
-                    for r in batch:
-                        r.done = True
-                    self._cond.notify_all()
-
-
-def run_together(calls: list[Callable[[], Any]], note: Callable[[str], None]) -> list[tuple[Any, BaseException | None]]:
-    """Run ``calls`` (one per client) in threads whose `local_sgd` calls are batched; ``(result, error)``
-    of each, in order. Each thread runs in a copy of the caller's context (the kernel backend...)."""
-    meet = Rendezvous(len(calls), note)
-    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
-
-    def body(i: int, call: Callable[[], Any]) -> None:
-        SGD_OFFLOAD.set(meet.offload)
-        try:
-            outcomes[i] = (call(), None)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, in the clients' order
-            outcomes[i] = (None, e)
-        finally:
-            meet.leave()
-
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(body, i, call), daemon=True,
-                                name=f"pflkit-vclient-{i}") for i, call in enumerate(calls)]
-    for t in threads:
-        t.start()
-    meet.serve()
-    for t in threads:
-        t.join()
-    return outcomes
