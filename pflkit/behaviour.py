@@ -95,7 +95,7 @@ def micro_run(path: Path, overrides=()) -> tuple[str, dict[str, str | None]]:
         try:
             run_experiment(smoke, Path(tmp) / "run", overwrite=True, progress=False)
         except Exception as e:  # noqa: BLE001 - the stages then fall back to the code digest
-            log.info("micro-run of %s not possible (%s): its stages follow the code digest", path.stem, e)
+            log.info("micro-run of %s not possible (%s): its stages follow the code digest", Path(path).stem, e)
             return key, dict.fromkeys(labels)
         seeds = sorted(p for p in (Path(tmp) / "run").glob("seed*") if p.is_dir())
         return key, {label: record_digest(seeds, label) for label in labels}
