@@ -153,11 +153,17 @@ def from_dict(cls, values: Mapping[str, Any], prefix: str = ""):
         raise ConfigError(msg if msg.startswith(prefix) else f"{prefix}{msg}") from None
 
 
+OMIT_DEFAULT = {"omit_default": True}  # field metadata: left out of `to_dict` at its default value
+
+
 def to_dict(cfg) -> dict[str, Any]:
-    """A JSON-friendly dict of a (possibly nested) dataclass config."""
+    """A JSON-friendly dict of a (possibly nested) dataclass config. A field declared with ``metadata=
+    OMIT_DEFAULT`` is left out at its default value, so results made before it existed keep their fingerprints."""
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
+        if f.metadata.get("omit_default") and v == f.default:
+            continue
         if dataclasses.is_dataclass(v):
             v = to_dict(v)
         elif isinstance(v, tuple):

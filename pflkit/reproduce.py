@@ -4,10 +4,12 @@ For each selected experiment file (``paper``, ``only``) at one preset:
 
 1. resolve it (an invalid file fails that experiment only, not the batch);
 2. skip it when ``results/<preset>/<name>.json`` holds a compact result of the same resolved
-   configuration (`config_hash`) and the same code (`code_version`);
+   configuration (`config_hash`) and the same code (`code_version`), or, made by other code, the same
+   behavioural fingerprint of every stage (`pflkit.behaviour`: what the stage computes on a micro-run);
 3. else run it with `pflkit.runner.run_experiment` into its work folder
    (``runs/reproduce/<preset>/<name>``): resumed when that folder holds an unfinished run of the
-   same configuration and code, started over otherwise; a run started over first takes the finished
+   same configuration and code (or, of other code, with the stages whose behaviour changed dropped, so only
+   they train again), started over otherwise; a run started over first takes the finished
    stages another run folder of the work folder made with the same settings, data and code
    (`pflkit.reuse`). A dataset (or pretrained weights file) that cannot be had offline makes it
    "not run (data missing: NAME)" and the batch goes on;
@@ -47,6 +49,7 @@ from typing import Callable, Iterator
 
 import pflkit
 from pflkit.config import ConfigError
+from pflkit.behaviour import BehaviourCache, stage_fingerprints, stale_stages
 from pflkit.io import locked_folder, read_json, write_json
 from pflkit.report.compact import COMPACT_FORMAT, compact_path, compact_result, config_digest
 from pflkit.report.divergence import mark_divergence
@@ -66,7 +69,7 @@ KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embedd
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
 # and its stage reuse, the hypergradient check)
 NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "notebook_outputs.py",
-                "reproduce.py", "reuse.py", "neumann_check.py")
+                "reproduce.py", "reuse.py", "behaviour.py", "neumann_check.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 
@@ -170,9 +173,11 @@ def config_hash(cfg) -> str:
     return config_digest(cfg.to_dict())
 
 
-def _up_to_date(stored: Path, cfg, code: dict | None) -> tuple[bool, str]:
-    """(skip?, why not): same configuration and, with ``code``, the same code version, in the current
-    compact format (an older format is rewritten from the kept run folder, which resumes at no cost)."""
+def _up_to_date(stored: Path, cfg, code: dict | None, stages: Callable[[], dict] | None = None) -> tuple[bool, str]:
+    """(skip?, why not): same configuration and, with ``code``, the same code version or, given ``stages``
+    (a function returning the stages' behavioural fingerprints, `pflkit.behaviour.stage_fingerprints`), the
+    same fingerprint of every stage; in the current compact format (an older format is rewritten from the
+    kept run folder, which resumes at no cost). Why not names the stages whose behaviour changed."""
     if not stored.exists():
         return False, "new"
     try:
@@ -185,7 +190,11 @@ def _up_to_date(stored: Path, cfg, code: dict | None) -> tuple[bool, str]:
     if fp.get("config") != config_hash(cfg):
         return False, "configuration changed"
     if code is not None and fp.get("code") != code:
-        return False, "code changed"
+        if stages is None or not fp.get("stages"):
+            return False, "code changed"
+        stale = stale_stages(fp["stages"], stages())
+        if stale:
+            return False, f"code changed: {', '.join(stale)}"
     return True, "up to date"
 
 
@@ -225,8 +234,12 @@ def _one_line(e: BaseException, limit: int = 200) -> str:
 
 
 def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=(), data_root=None,
-            download: bool = False, reuse: bool = True) -> Outcome:
+            download: bool = False, reuse: bool = True, stages: dict | None = None) -> Outcome:
     """Run (or resume) one experiment into ``folder`` and write its compact result to ``compact``.
+
+    ``stages``: the stages' behavioural fingerprints (`pflkit.behaviour.stage_fingerprints`), recorded with
+    the result; a folder started by other code is resumed with only the stages whose fingerprint changed
+    dropped (`_drop_stale_stages`), and a donor made by other code gives the stages whose fingerprint matches.
 
     ``reuse``: a run started afresh first takes the finished stages that another run folder of the
     batch holds with the same settings, data and code (`pflkit.reuse`); the compact result names them.
@@ -238,11 +251,15 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     weights = _missing_weights(cfg)
     if weights:
         return Outcome(cfg.name, NOT_RUN, f"weights missing: {weights}")
-    key = {"config": config_hash(cfg), "code": code}
+    key = {"config": config_hash(cfg), "code": code, **({"stages": stages} if stages else {})}
     marker, reused_file = folder / MARKER, folder / REUSED
     started = read_json(marker) if marker.exists() else {}
-    # continue the folder's run only if it was started with this configuration and code (code=None: any)
+    # continue the folder's run only if it was started with this configuration and code (code=None: any), or
+    # by other code whose stages' fingerprints it recorded: those that changed are dropped and train again
     resume = started.get("config") == key["config"] and (code is None or started.get("code") == code)
+    if not resume and started.get("config") == key["config"] and stages and started.get("stages"):
+        _drop_stale_stages(folder, stale_stages(started["stages"], stages))
+        resume = True
     # the run's earlier invocations, or none when it starts over (or was resumed before they were recorded)
     calls = _invocations(folder / INVOCATIONS, resume)
     keep = any(fnmatch.fnmatchcase(cfg.name, p) for p in KEEP_STATES)
@@ -250,7 +267,7 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
         reused_file.unlink(missing_ok=True)
         if reuse:
             with locked_folder(folder):
-                reused = seed_from_donors(cfg, folder, code=code, marker=MARKER, keep_states=keep)
+                reused = seed_from_donors(cfg, folder, code=code, marker=MARKER, keep_states=keep, stages=stages)
             if reused:
                 write_json(reused_file, reused)
                 resume = True
@@ -274,6 +291,8 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
         log.warning("%s failed: %s (traceback in %s)", cfg.name, _one_line(e), folder / "reproduce-error.log")
         return Outcome(cfg.name, FAILED, _one_line(e), time.perf_counter() - t0)
     result = compact_result(results, folder, cfg_hash=key["config"], code=code, overrides=overrides)
+    if stages:
+        result["fingerprint"]["stages"] = stages
     if reused_file.exists():
         result["reused"] = read_json(reused_file)
     result["invocations"] = calls
@@ -282,6 +301,18 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     bad = {label: m["status"] for label, m in mark_divergence(results)["methods"].items() if m["status"] != "ok"}
     reason = "" if not bad else "status " + ", ".join(f"{k}: {v}" for k, v in bad.items())
     return Outcome(cfg.name, DONE, reason, time.perf_counter() - t0)
+
+
+def _drop_stale_stages(folder: Path, labels: list[str]) -> None:
+    """Delete what the stages ``labels`` left in every seed folder of ``folder`` (record, report, weights,
+    final states, checkpoint), so that resuming the run trains them again and keeps every other stage."""
+    from pflkit.io import slug
+    from pflkit.reuse import stage_files
+
+    for seed_dir in sorted(p for p in folder.glob("seed*") if p.is_dir()):
+        for label in labels:
+            for path in stage_files(seed_dir, label) + [seed_dir / f"{slug(label)}.ckpt"]:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _invocations(path: Path, resume: bool) -> dict:
@@ -388,8 +419,10 @@ def _estimate(compact: Path, status: dict, name: str) -> float | None:
     return (status.get(name) or {}).get("seconds")
 
 
-def plan(preset: str, selection: dict[str, Path], results_dir, overrides, code: dict | None, force: bool):
-    """(outcomes of the experiments that need no run: skipped or invalid, [(config, why) to run])."""
+def plan(preset: str, selection: dict[str, Path], results_dir, overrides, code: dict | None, force: bool,
+         cache: BehaviourCache | None = None):
+    """(outcomes of the experiments that need no run: skipped or invalid, [(config, why) to run]); with
+    ``cache``, a result made by other code is up to date when no stage's behaviour changed (`_up_to_date`)."""
     from pflkit.experiments import resolve
 
     outcomes, todo = [], []
@@ -400,7 +433,9 @@ def plan(preset: str, selection: dict[str, Path], results_dir, overrides, code: 
             outcomes.append(Outcome(name, FAILED, f"invalid: {' '.join(str(e).split())[:200]}"))
             continue
         stored = compact_path(results_dir, preset, name)
-        fresh, why = _up_to_date(stored, cfg, code)
+        fps = (partial(stage_fingerprints, cfg, path, code, cache, overrides)
+               if cache is not None and code is not None else None)
+        fresh, why = _up_to_date(stored, cfg, code, fps)
         if fresh and not force:
             _refresh(stored, cfg)
             outcomes.append(Outcome(name, SKIPPED, why))
@@ -439,7 +474,12 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
     code = code_version() if code_check else None
     sets = [*overrides, *([f"device={device}"] if device != "auto" else [])]
     selection = select(paper, only, catalog)
-    outcomes, todo = plan(preset, selection, results_dir, sets, code, force)
+    cache = BehaviourCache(results_dir, code) if code is not None else None
+    outcomes, todo = plan(preset, selection, results_dir, sets, code, force, cache)
+    stages = {c.name: stage_fingerprints(c, selection[c.name], code, cache, sets) if cache else None
+              for c, _ in todo}
+    if cache is not None:
+        cache.save()
     nb_done = work / "notebooks" / NOTEBOOKS_DONE
     nb_record = read_json(nb_done) if nb_done.exists() else {}
     jobs, nb_key = _notebook_plan(selection, preset, results_dir, code, {} if force else nb_record,
@@ -453,7 +493,8 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
                    bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} elapsed, ~{remaining} left{postfix}")
         steps, total, count = iter(weights), len(todo) + len(jobs), 0
         runs = [(partial(run_one, cfg, work / cfg.name, compact_path(results_dir, preset, cfg.name), code=code,
-                         overrides=overrides, data_root=data_root, download=download, reuse=reuse), cfg.name)
+                         overrides=overrides, data_root=data_root, download=download, reuse=reuse,
+                         stages=stages[cfg.name]), cfg.name)
                 for cfg, _ in todo]
         params = {"device": device, "results_root": str(work.resolve()),
                   **({"data_root": str(data_root)} if data_root else {})}

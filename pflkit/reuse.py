@@ -13,7 +13,7 @@ fresh run).
 work folder into a fresh one, with a ``run.json`` that the runner accepts only if the data it reads
 now are the donor's (`pflkit.runner.prepare_folder` compares the fingerprint; on a mismatch the
 batch starts the run over with nothing reused). A donor must have been made by the same code
-version. The compact result names every reused stage and its donor (``reused``).
+version, or its stage must have the same behavioural fingerprint (`pflkit.behaviour`). The compact result names every reused stage and its donor (``reused``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,23 @@ from pflkit.algorithms import get_algorithm
 from pflkit.io import read_json, slug, write_json
 from pflkit.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
 
-__all__ = ["stage_keys", "stage_files", "seed_from_donors"]
+__all__ = ["stage_keys", "stage_upstreams", "stage_files", "seed_from_donors"]
+
+
+def stage_upstreams(config: dict) -> dict[str, str | None]:
+    """``{stage label: label of the stage it starts from, or None}`` for a resolved configuration's dict: a
+    method's ``start_from``, else the pretraining stage when its algorithm needs a pretrained model."""
+    pretrain = config.get("pretrain")
+    out: dict[str, str | None] = {pretrain["label"]: None} if pretrain else {}
+    for m in config["methods"]:
+        if m.get("start_from"):
+            out[m["label"]] = m["start_from"]
+        elif pretrain and get_algorithm(m["algorithm"]).needs_pretrained:
+            out[m["label"]] = pretrain["label"]
+        else:
+            out[m["label"]] = None
+    return out
+
 
 def stage_keys(fp: dict) -> dict[str, str]:
     """``{stage label: key}`` for a run fingerprint (`pflkit.runner.fingerprint`): the pretraining stage
@@ -36,17 +52,12 @@ def stage_keys(fp: dict) -> dict[str, str]:
               "pretrain_data": fp.get("pretrain_data"), "pretrain_weights": fp.get("pretrain_weights"),
               "federation": fp.get("federation")}
     keys: dict[str, str] = {}
-    pretrain = config.get("pretrain")
+    pretrain, upstreams = config.get("pretrain"), stage_upstreams(config)
     if pretrain:
         own = {k: v for k, v in pretrain.items() if k != "label"}
         keys[pretrain["label"]] = fingerprint_hash({**common, "stage": own})
     for m in config["methods"]:
-        if m.get("start_from"):
-            upstream = keys.get(m["start_from"])
-        elif pretrain and get_algorithm(m["algorithm"]).needs_pretrained:
-            upstream = keys[pretrain["label"]]
-        else:
-            upstream = None
+        upstream = keys.get(upstreams[m["label"]]) if upstreams[m["label"]] else None
         own = {k: v for k, v in m.items() if k not in ("label", "start_from")}
         keys[m["label"]] = fingerprint_hash({**common, "stage": own, "upstream": upstream})
     return keys
@@ -75,35 +86,45 @@ def target_fingerprint(cfg, donor_fp: dict) -> dict:
     return {"config": config, **{k: v for k, v in donor_fp.items() if k != "config"}}
 
 
-def _donors(work: Path, folder: Path, code, marker_name: str) -> list[tuple[str, dict, Path]]:
-    """(experiment, run fingerprint, folder) of every other run folder in ``work`` whose batch record
-    (``marker_name``) says it was made by ``code``."""
+def _donors(work: Path, folder: Path, code, marker_name: str) -> list[tuple[str, dict, Path, dict | None]]:
+    """(experiment, run fingerprint, folder, its stages' behavioural fingerprints) of every other run folder in
+    ``work`` whose batch record (``marker_name``) says it was made by ``code`` (fingerprints None: every stage
+    counts) or holds the fingerprints of its stages (`pflkit.behaviour`: a stage counts when its own matches)."""
     out = []
     for other in sorted(p for p in work.iterdir() if p.is_dir() and p != folder) if work.is_dir() else []:
         try:
             marker, run = read_json(other / marker_name), read_json(other / RUN_FILE)
         except (OSError, ValueError):
             continue
-        if marker.get("code") == code and "fingerprint" in run:
-            out.append((other.name, run["fingerprint"], other))
+        if "fingerprint" not in run:
+            continue
+        if marker.get("code") == code:
+            out.append((other.name, run["fingerprint"], other, None))
+        elif marker.get("stages"):
+            out.append((other.name, run["fingerprint"], other, marker["stages"]))
     return out
 
 
-def _matches(cfg, donor_fp: dict, donor: Path, keep_states: bool) -> tuple[dict, dict[str, dict]]:
-    """(``cfg``'s fingerprint with the donor's data, ``{label: {"label": donor's label, "seeds": [...]}}``)."""
+def _matches(cfg, donor_fp: dict, donor: Path, keep_states: bool, donor_stages: dict | None = None,
+             stages: dict | None = None) -> tuple[dict, dict[str, dict]]:
+    """(``cfg``'s fingerprint with the donor's data, ``{label: {"label": donor's label, "seeds": [...]}}``);
+    with ``donor_stages``, only the stages whose behavioural fingerprint is ``stages``' (`pflkit.behaviour`)."""
     fp = target_fingerprint(cfg, donor_fp)
     by_key = {key: label for label, key in stage_keys(donor_fp).items()}
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
     taken = {}
     for label, key in stage_keys(fp).items():
         source = by_key.get(key)
+        if source and donor_stages is not None and (stages or {}).get(label) != donor_stages.get(source):
+            continue  # made by other code whose micro-run of this stage computes otherwise
         have = [s for s in seeds if source and _finished(donor / f"seed{s}", source, keep_states)]
         if have:
             taken[label] = {"label": source, "seeds": have}
     return fp, taken
 
 
-def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool = False) -> dict[str, dict]:
+def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool = False,
+                     stages: dict | None = None) -> dict[str, dict]:
     """Start the run folder ``folder`` over with the finished stages that other run folders of its
     parent (the batch's work folder) hold under the same key, seed by seed; returns
     ``{label: {"from": experiment, "seeds": [...]}}`` (empty, and ``folder`` untouched, when nothing
@@ -118,9 +139,11 @@ def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool 
     runner resumes the folder only when it reads the same data files. ``marker``: the file name of the
     batch's record of each folder's configuration and code (`pflkit.reproduce.MARKER`). ``keep_states``:
     a stage is taken only with its final states (the notebooks of `pflkit.reproduce.KEEP_STATES` read them).
+    ``stages``: ``cfg``'s behavioural stage fingerprints (`pflkit.behaviour.stage_fingerprints`); a donor made
+    by other code gives the stages whose fingerprint it recorded equal to these.
     """
-    found = [(name, donor, *_matches(cfg, donor_fp, donor, keep_states))
-             for name, donor_fp, donor in _donors(folder.parent, folder, code, marker)]
+    found = [(name, donor, *_matches(cfg, donor_fp, donor, keep_states, donor_stages, stages))
+             for name, donor_fp, donor, donor_stages in _donors(folder.parent, folder, code, marker)]
     found = [f for f in found if f[3]]
     if not found:
         return {}

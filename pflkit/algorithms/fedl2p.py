@@ -64,7 +64,8 @@ class FedL2PConfig(FLConfig):
     Attributes:
         rounds, fraction: T = 500 rounds, r = 0.1 of the clients per round.
         select: ``"update_val_loss"``: keep the lambda of the round with the lowest mean
-            validation loss of its clients (sec. 4.1). ``eval_every`` defaults to 0 since
+            validation loss of its clients (sec. 4.1), weighted by their sample counts;
+            ``"update_val_loss_mean"``: unweighted, as the authors' code (`pflkit.fl.loop._score`). ``eval_every`` defaults to 0 since
             that selection needs no validation pass.
         batch_size: 32.
         lr: the fine-tuning learning rate (1e-3 on CIFAR-10); eta_tilde's initial value

@@ -49,7 +49,8 @@ class FLConfig:
         eval_clients: clients in a validation pass (0: all).
         keep_best: test the state with the best validation score (``select``).
         select: ``"val_acc"`` / ``"val_loss"`` of the validation pass, or ``"update_val_loss"``
-            (mean ``val_loss`` reported by the round's clients, FedL2P sec. 4.1).
+            (``val_loss`` reported by the round's clients, FedL2P sec. 4.1, weighted by their sample
+            counts) / ``"update_val_loss_mean"`` (unweighted, the authors' code; `pflkit.fl.loop._score`).
         batch_size, lr, momentum, weight_decay: local SGD settings.
         local_epochs: passes over the client's train split per round (ignored if local_steps > 0).
         local_steps: fixed number of local SGD steps per round, each on a fresh random batch.
@@ -83,7 +84,7 @@ class FLConfig:
         one_of("sampling", self.sampling, {"fraction", "bernoulli"})
         require(self.eval_every >= 0, "eval_every", self.eval_every, "must be >= 0")
         require(self.eval_clients >= 0, "eval_clients", self.eval_clients, "must be >= 0")
-        one_of("select", self.select, {"val_acc", "val_loss", "update_val_loss"})
+        one_of("select", self.select, {"val_acc", "val_loss", "update_val_loss", "update_val_loss_mean"})
         require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         positive("lr", self.lr)
         non_negative("momentum", self.momentum)

@@ -117,11 +117,18 @@ def missing_clients(per_client: dict[int, dict]) -> list[dict]:
 
 
 def _score(cfg: FLConfig, val: dict | None, updates: list[Update]) -> float | None:
-    """Higher is better; None when there is nothing to compare (no pass, or a NaN score)."""
-    if cfg.select == "update_val_loss":
+    """Higher is better; None when there is nothing to compare (no pass, or a NaN score).
+
+    ``select="update_val_loss"``: minus the round's clients' validation loss, weighted by their sample counts
+    (pflkit's default); ``"update_val_loss_mean"``: unweighted, as the authors keep FedL2P's lambda
+    (github.com/royson/fedl2p, ``src/apps/fedl2p_classification_app.py`` lines 270-273: ``np.mean`` of the
+    sampled clients' ``fed_query_loss``, the lowest mean kept). docs/fidelity.md gives the measured effect."""
+    if cfg.select in ("update_val_loss", "update_val_loss_mean"):
         vals = [(u.metrics["val_loss"], u.num_samples) for u in updates if "val_loss" in u.metrics]
         if not vals:
             return None
+        if cfg.select == "update_val_loss_mean":
+            vals = [(v, 1) for v, _ in vals]
         w = sum(n for _, n in vals)
         score = -sum(v * n for v, n in vals) / w
         return score if math.isfinite(score) else None

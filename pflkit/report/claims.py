@@ -1,11 +1,24 @@
 """Each paper's qualitative claims, written once as small pure functions over compact results.
 
 A claim function takes ``{experiment name: compact result}`` (`pflkit.reproduce.compact_result`,
-the files under ``results/<preset>/``) and returns a `ClaimResult`: ``holds``, ``fails`` or
-``not run`` (the experiments or methods it needs have no usable result), with the paper's
-number, ours and a one-line reason. Accuracies are the results' ``acc_mean`` (percent, mean over
-clients, averaged over seeds). The paper's side is computed from the same experiments'
-``published`` numbers where the claim is about a table.
+the files under ``results/<preset>/``) and returns a `ClaimResult`: ``holds``, ``fails``,
+``inconclusive``, ``budget-limited`` or ``not run`` (the experiments or methods it needs have no
+usable result), with the paper's number, ours, the 95% interval the verdict was read from and a
+one-line reason. Accuracies are the results' ``acc_mean`` (percent, mean over clients, averaged
+over seeds). The paper's side is computed from the same experiments' ``published`` numbers where
+the claim is about a table.
+
+How sure a verdict is (`pflkit.report.verdicts`): a comparison of two methods of one run is paired
+over its clients, the mean per-client difference with a 95% bootstrap interval (seeds resampled too
+where a row has several); a row holds when the whole interval is on the claim's side of its margin,
+fails when the whole interval is on the other side, and is inconclusive when it straddles the margin;
+a failing row whose method was still learning when training stopped is budget-limited. A claim over
+several rows fails when one fails, else is budget-limited, inconclusive or holds (`verdicts.combine`).
+Claims about a statistic of one method (beta, ARI) read the bootstrap interval of that statistic over
+clients (or over runs, for the ARI, one number per run) against the claim's threshold.
+
+For one paper, `claims_of` returns its `ClaimResult`s: ``verdict``, ``interval`` (the text of the
+interval the verdict was read from), ``reason`` (why), and ``rows`` (`RowVerdict`, per compared row).
 
 The thresholds that turn "near 0", "at least matches" and "recovers" into a test are named
 constants below; `check_all` runs every claim of `CLAIMS`.
@@ -19,7 +32,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-HOLDS, FAILS, NOT_RUN = "holds", "fails", "not run"
+from pflkit.report.findings import finding
+from pflkit.report.verdicts import (BUDGET_LIMITED, FAILS, HOLDS, INCONCLUSIVE, NOT_RUN, VERDICTS, Interval,
+                                    Rise, combine, mean_interval, paired_interval, range_interval, read,
+                                    still_learning)
+
 MATCH_TOL = 1.0  # percentage points: "at least matches" allows this shortfall (seed noise at small presets)
 BETA_NEAR_ZERO = 0.2  # mean beta at most this under label shift ("learns beta near 0")
 BETA_ABOVE_ZERO = 0.3  # mean beta at least this across feature-shifted domains ("clearly above 0")
@@ -32,7 +49,33 @@ Results = Mapping[str, dict]  # experiment name -> compact result (or a stub of 
 
 
 @dataclass(frozen=True)
+class RowVerdict:
+    """One compared row of a pairwise claim: ``label`` against ``rival`` in experiment ``name``, their mean
+    accuracies, the paired interval of ``label - rival`` (None without per-client values: then the verdict
+    is the point comparison's), the row's verdict and, when budget-limited, how ``label``'s curve ended."""
+
+    name: str
+    label: str
+    rival: str
+    ours: float
+    theirs: float
+    interval: Interval | None
+    margin: float
+    verdict: str
+    rise: Rise | None = None
+
+    def text(self) -> str:
+        gap = self.interval.text() if self.interval else f"{self.ours - self.theirs:+.2f} (no per-client values)"
+        n = f", {self.interval.clients} clients" if self.interval else ""
+        n += f", {self.interval.seeds} seeds" if self.interval and self.interval.seeds > 1 else ""
+        return f"{self.name}: {self.label} - {self.rival} {gap} pp{n}"
+
+
+@dataclass(frozen=True)
 class ClaimResult:
+    """A checked claim: ``verdict`` one of holds / fails / inconclusive / budget-limited / not run;
+    ``interval`` the 95% interval(s) it was read from, as text; ``rows`` the pairwise rows (if any)."""
+
     claim: str
     paper: str
     text: str
@@ -40,6 +83,8 @@ class ClaimResult:
     paper_value: str
     ours: str
     reason: str
+    interval: str = ""
+    rows: tuple = ()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -112,44 +157,57 @@ def _versus_paper(res: dict, label: str, rival: str) -> str:
     return f"{side(label)} vs {side(rival)}"
 
 
-STILL_RISING = 0.01  # validation accuracy gained in the last quarter of training that counts as "still rising"
-
-
-def still_rising(res: dict, label: str) -> str:
-    """Whether ``label`` was still learning when its training stopped: its validation accuracy (mean over
-    seeds, per evaluated round) peaks in the last quarter of its rounds more than `STILL_RISING` above
-    its best before; then a clause saying so (a shortfall may be the preset's budget), else ""."""
-    by_round: dict[int, list[float]] = {}
-    for rows in ((res.get("history") or {}).get(label) or {}).values():
-        for row in rows or []:
-            if row.get("val_acc") is not None and row.get("round") is not None:
-                by_round.setdefault(int(row["round"]), []).append(float(row["val_acc"]))
-    if len(by_round) < 4:
-        return ""
-    last = max(by_round)
-    mean = {r: sum(v) / len(v) for r, v in by_round.items()}
-    early = [a for r, a in mean.items() if r <= 0.75 * last]
-    late = [a for r, a in mean.items() if r > 0.75 * last]
-    if not early or not late or max(late) - max(early) <= STILL_RISING:
-        return ""
-    cut = max(r for r in mean if r <= 0.75 * last)
-    return (f"; {label}'s validation accuracy was still rising when training stopped (best {100 * max(early):.1f}% "
-            f"up to round {cut}, {100 * max(late):.1f}% after, of {last} rounds): this preset's budget may be short")
-
-
 def _worst_failure(results: Results, failed, split: Callable[[str], tuple[str, str]]) -> str:
-    """``experiment: label vs rival`` (`_versus_paper`) for the failed row with the largest shortfall,
-    and whether ``label`` was still learning there (`still_rising`); ``split`` turns a row's name into
-    (experiment, label)."""
+    """``experiment: label vs rival`` (`_versus_paper`) for the failed row with the largest shortfall;
+    ``split`` turns a row's name into (experiment, label). Whether a failing row's ``label`` was still
+    learning is its verdict (budget-limited, `_judge`)."""
     name, _, rival, _ = min(failed, key=lambda r: r[1] - r[3])
     experiment, label = split(name)
     res = results[experiment]
-    return f"{experiment}: {_versus_paper(res, label, rival)}{still_rising(res, label)}"
+    return f"{experiment}: {_versus_paper(res, label, rival)}"
 
 
-def _result(fn, verdict: str, paper_value: str, ours: str, reason: str) -> ClaimResult:
+def _and(reason: str, clause: str) -> str:
+    """``reason`` with ``clause`` after a semicolon (unchanged when ``clause`` is empty)."""
+    return f"{reason}; {clause}" if clause else reason
+
+
+def _result(fn, verdict: str, paper_value: str, ours: str, reason: str, interval: str = "",
+            rows: tuple = ()) -> ClaimResult:
     paper, text = fn.paper, fn.text
-    return ClaimResult(fn.__name__, paper, text, verdict, paper_value, ours, reason)
+    return ClaimResult(fn.__name__, paper, text, verdict, paper_value, ours, reason, interval, tuple(rows))
+
+
+def _judge(res: dict, name: str, label: str, rival: str, ours: float, theirs: float, margin: float,
+           strict: bool, ok: Callable[[float, float], bool]) -> RowVerdict:
+    """One row's verdict: the paired interval of ``label - rival`` over the clients (and seeds) read against
+    ``margin`` (`verdicts.read`); a failing row whose ``label`` was still learning is budget-limited."""
+    methods = res.get("methods", {})
+    iv = paired_interval(methods[label].get("per_client") or [], methods[rival].get("per_client") or [])
+    verdict = read(iv, margin, strict=strict) if iv else (HOLDS if ok(ours, theirs) else FAILS)
+    rise = still_learning((res.get("history") or {}).get(label)) if verdict == FAILS else None
+    return RowVerdict(name, label, rival, ours, theirs, iv, margin, BUDGET_LIMITED if rise else verdict, rise)
+
+
+def _row_counts(rows: list[RowVerdict]) -> str:
+    """``"rows: 2 holds, 3 inconclusive"``: how many rows read each verdict."""
+    counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
+    return "rows: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+
+
+def _decisive(rows: list[RowVerdict]) -> RowVerdict:
+    """The row nearest to failing: the lowest lower bound above its margin (point gap without interval)."""
+    return min(rows, key=lambda r: (r.interval.lo if r.interval else r.ours - r.theirs) - r.margin)
+
+
+def _rows_text(rows: list[RowVerdict]) -> tuple[str, str]:
+    """(the claim's interval text: its row nearest to failing, then the counts; the budget-limited rows' clause)."""
+    worst = _decisive(rows)
+    interval = f"{worst.text()}; {_row_counts(rows)}"
+    limited = [r for r in rows if r.verdict == BUDGET_LIMITED]
+    clause = ("; budget-limited (failing, but still learning when training stopped): "
+              + "; ".join(f"{r.name}: {r.label}'s {r.rise.text()}" for r in limited)) if limited else ""
+    return interval, clause
 
 
 def claim(paper: str, text: str):
@@ -161,22 +219,30 @@ def claim(paper: str, text: str):
 
 
 def _pairwise(fn, results: Results, pattern: str, label: str, rivals, ok, rule: str,
-              explain: Callable[[Results, list], str] | None = None) -> ClaimResult:
-    """A claim "``label`` vs its best rival, per experiment": holds when ``ok(ours, rival)`` in every one;
-    ``explain(results, failed rows)`` adds a clause to a failing claim's reason."""
+              explain: Callable[[Results, list], str] | None = None, *, margin: float = 0.0,
+              strict: bool = False, finding: str = "") -> ClaimResult:
+    """A claim "``label`` vs its best rival, per experiment": each row's verdict reads the paired interval of
+    ``label - rival`` against ``margin`` (`_judge`; ``strict``: the bound must clear it), ``ok`` is the same
+    rule on the means (the counts shown); ``explain(results, rows short of ok)`` adds a clause to the reason of a
+    claim that does not hold, and so does ``finding`` (what is known about why, `pflkit.report.findings`)."""
     ours, paper = _gaps(results, pattern, label, rivals), _gaps(results, pattern, label, rivals, published)
     paper_value = f"{rule} in {_count(paper, ok)} rows" if paper else "no published numbers"
     left_out = _left_out(results, pattern, lambda k: k == label or rivals(k))
     if not ours:
         return _result(fn, NOT_RUN, paper_value, "-", f"no result of {pattern} with {label} and a rival{left_out}")
-    failed = [r for r in ours if not ok(r[1], r[3])]
-    verdict = FAILS if failed else HOLDS
-    reason = (f"{len(failed)} of {len(ours)} scenarios fail, worst "
-              f"{_worst_failure(results, failed, lambda name: (name, label))}" if failed
-              else f"every one of {len(ours)} scenarios")
-    if failed and explain:
-        reason += explain(results, failed)
-    return _result(fn, verdict, paper_value, f"{rule} in {_count(ours, ok)}; {_worst(ours)}", reason + left_out)
+    rows = [_judge(results[n], n, label, rival, a, b, margin, strict, ok) for n, a, rival, b in ours]
+    verdict = combine([r.verdict for r in rows])
+    short = [r for r in ours if not ok(r[1], r[3])]
+    interval, limited = _rows_text(rows)
+    reason = (f"{len(short)} of {len(ours)} scenarios short of the rule on the means, worst "
+              f"{_worst_failure(results, short, lambda name: (name, label))}" if short
+              else f"every one of {len(ours)} scenarios on the means") + limited
+    if short and explain:
+        reason += explain(results, short)
+    if verdict != HOLDS:
+        reason = _and(reason, finding)
+    return _result(fn, verdict, paper_value, f"{rule} in {_count(ours, ok)}; {_worst(ours)}", reason + left_out,
+                   interval, rows)
 
 
 # ----------------------------------------------------------------------------- FedL2P
@@ -231,6 +297,19 @@ def _beta_by_dataset(runs: list[dict]) -> dict[str, tuple[float, list[dict]]]:
 
 def _mean_beta(runs: list[dict]) -> float:
     return sum(_beta(r) for r in runs) / len(runs)
+
+
+def _client_betas(res: dict) -> list[float]:
+    """The kept beta of every client of every seed of a run (`analysis`'s ``beta_per_client``)."""
+    seeds = (res.get("analysis", {}).get("FedL2P") or {}).get("seeds", [])
+    return [b for s in seeds for b in s.get("beta_per_client") or []]
+
+
+def _beta_interval(runs: list[dict]) -> Interval | None:
+    """The mean over runs of the clients' mean kept beta, with its bootstrap interval over clients (None when
+    a run records no client's beta)."""
+    groups = [_client_betas(r) for r in runs]
+    return mean_interval(groups) if groups and all(groups) else None
 
 
 def _bn_premise(runs: list[dict], kind: str, *, prefers_local: bool) -> list[str]:
@@ -299,6 +378,11 @@ def fedl2p_beta_by_shift(results: Results) -> ClaimResult:
         return _result(fedl2p_beta_by_shift, NOT_RUN, paper_value, "-",
                        f"no FedL2P beta recorded under {' and '.join(missing)} shift")
     lab, feat = _mean_beta(runs["label"]), _mean_beta(runs["feature"])
+    lab_iv, feat_iv = _beta_interval(runs["label"]), _beta_interval(runs["feature"])
+    verdicts = [read(lab_iv, BETA_NEAR_ZERO, above=False) if lab_iv else (HOLDS if lab <= BETA_NEAR_ZERO else FAILS),
+                read(feat_iv, BETA_ABOVE_ZERO) if feat_iv else (HOLDS if feat >= BETA_ABOVE_ZERO else FAILS)]
+    interval = "; ".join(f"{kind}-shift mean beta {iv.mean:.3f} [{iv.lo:.3f}, {iv.hi:.3f}] ({iv.clients} clients)"
+                         for kind, iv in (("label", lab_iv), ("feature", feat_iv)) if iv)
     by_data = _beta_by_dataset(runs["feature"])
     split = "" if len(by_data) < 2 else ": " + ", ".join(f"{name} {b:.2f} in {len(rs)}"
                                                           for name, (b, rs) in by_data.items())
@@ -324,7 +408,12 @@ def fedl2p_beta_by_shift(results: Results) -> ClaimResult:
         problems += _bn_premise(runs["label"], "label", prefers_local=False)
         problems += _kept_round(runs["label"], "label", lab, toward_zero=True)
     reason = "; ".join(problems) or f"label <= {BETA_NEAR_ZERO} and feature >= {BETA_ABOVE_ZERO}"
-    return _result(fedl2p_beta_by_shift, FAILS if problems else HOLDS, paper_value, ours, reason)
+    verdict = combine(verdicts)
+    if INCONCLUSIVE in verdicts:
+        reason = f"an interval straddles its threshold ({interval}); " + reason
+    if verdict != HOLDS:
+        reason = _and(reason, finding('fedl2p_beta_by_shift', results))
+    return _result(fedl2p_beta_by_shift, verdict, paper_value, ours, reason, interval)
 
 
 FT_BETA = {"FT (BN G)": 0.0, "FT (BN C)": 1.0}  # the beta of Eq. 2 each fine-tuning baseline fixes
@@ -358,7 +447,8 @@ def fedl2p_matches_best_ft(results: Results) -> ClaimResult:
     `MATCH_TOL` percentage points). A failure names the rows whose kept round sits away from where
     training took beta (`_kept_away`)."""
     return _pairwise(fedl2p_matches_best_ft, results, "fedl2p_*", "FedL2P", lambda k: k.startswith("FT ("),
-                     lambda a, b: a >= b - MATCH_TOL, f"FedL2P >= best FT - {MATCH_TOL:g}", _kept_away)
+                     lambda a, b: a >= b - MATCH_TOL, f"FedL2P >= best FT - {MATCH_TOL:g}", _kept_away,
+                     margin=-MATCH_TOL, finding=finding("fedl2p_matches_best_ft", results))
 
 
 def _published_ari(res: dict) -> float | None:
@@ -370,12 +460,13 @@ def _published_ari(res: dict) -> float | None:
 def fedl2p_lrnet_input_ari(results: Results) -> ClaimResult:
     """Sec. 4.4, Table 6: the ARI between the clustering of the LRNet inputs x and the domains is
     high (0.65-1.0); holds when ours is at least `ARI_RECOVERS` in every run that records it."""
-    ours, paper = {}, []
+    ours, paper, per_run = {}, [], []
     for name, res in _matching(results, "fedl2p_*"):
         seeds = (res.get("analysis", {}).get("FedL2P") or {}).get("seeds", [])
         aris = [s["ari"]["features"] for s in seeds if s.get("ari") and s["ari"].get("features") is not None]
         if aris:
             ours[name] = sum(aris) / len(aris)
+            per_run += aris
         if (aris or res.get("config", {}).get("data", {}).get("scheme") == "domains") and "FedL2P" in labels(res):
             paper += [p] if (p := _published_ari(res)) is not None else []
     paper_value = (f"ARI {min(paper):.2f}-{max(paper):.2f} (Table 6)" if len(set(paper)) > 1
@@ -386,7 +477,13 @@ def fedl2p_lrnet_input_ari(results: Results) -> ClaimResult:
     low = {n: v for n, v in ours.items() if v < ARI_RECOVERS}
     text = ", ".join(f"{n} {v:.2f}" for n, v in ours.items())
     reason = (f"ARI below {ARI_RECOVERS} in {', '.join(low)}" if low else f"ARI >= {ARI_RECOVERS} in every run")
-    return _result(fedl2p_lrnet_input_ari, FAILS if low else HOLDS, paper_value, f"ARI {text}", reason)
+    iv = mean_interval([[a] for a in per_run])
+    interval = (f"mean ARI {iv.mean:.2f} [{iv.lo:.2f}, {iv.hi:.2f}] over {iv.seeds} runs (bootstrap over runs: "
+                "one ARI per run)")
+    verdict = read(iv, ARI_RECOVERS)
+    if verdict != HOLDS:
+        reason = _and(reason, finding('fedl2p_lrnet_input_ari', results))
+    return _result(fedl2p_lrnet_input_ari, verdict, paper_value, f"ARI {text}", reason, interval)
 
 
 def _beta_spread(res: dict, label: str = "FedL2P") -> float | None:
@@ -395,6 +492,12 @@ def _beta_spread(res: dict, label: str = "FedL2P") -> float | None:
     seeds = (res.get("analysis", {}).get(label) or {}).get("seeds", [])
     spans = [max(b) - min(b) for s in seeds if (b := s.get("beta_per_client"))]
     return max(spans) if spans else None
+
+
+def _widest_seed_betas(res: dict, label: str = "FedL2P") -> list[float]:
+    """The clients' kept beta of the seed of ``res`` whose clients' beta spans widest (`_beta_spread`'s)."""
+    seeds = (res.get("analysis", {}).get(label) or {}).get("seeds", [])
+    return max((s["beta_per_client"] for s in seeds if s.get("beta_per_client")), key=lambda b: max(b) - min(b))
 
 
 def _xi_ari(runs: list[tuple[str, dict]]) -> list[float]:
@@ -417,18 +520,23 @@ def fedl2p_beta_per_client(results: Results) -> ClaimResult:
                        "no feature-shift FedL2P run records its clients' beta")
     widest, name = spans[0]
     ours = f"widest span of the clients' beta {widest:.4f} ({name}), in {len(spans)} feature-shift runs"
+    iv = range_interval(_widest_seed_betas(dict(runs)[name]))
+    interval = f"span in {name} {iv.mean:.4f} [{iv.lo:.4f}, {iv.hi:.4f}] ({iv.clients} clients)"
+    verdict = read(iv, BETA_SPREAD)
+    if verdict == INCONCLUSIVE:
+        return _result(fedl2p_beta_per_client, verdict, paper_value, ours,
+                       f"the widest span's interval straddles {BETA_SPREAD}", interval)
     if widest >= BETA_SPREAD:
         wide = [n for v, n in spans if v >= BETA_SPREAD]
-        return _result(fedl2p_beta_per_client, HOLDS, paper_value, ours,
-                       f"span >= {BETA_SPREAD} in {len(wide)} of {len(spans)}: {', '.join(wide)}")
+        return _result(fedl2p_beta_per_client, verdict, paper_value, ours,
+                       f"span >= {BETA_SPREAD} in {len(wide)} of {len(spans)}: {', '.join(wide)}", interval)
     reason = f"every span < {BETA_SPREAD}: BNNet gives all clients of a run about the same beta"
     aris = _xi_ari(runs)
     if aris:
         reason += (f", although its input xi separates the domains (ARI of xi {min(aris):.2f}-{max(aris):.2f}): "
                    "the spread is missing in BNNet's output, not in its input")
-    reason += ("; App. E's init (Xavier gain 0.1 in all three layers) makes BNNet's output move about 1e-4 per "
-               "unit of input (`pflkit.meta.metanets.input_sensitivity`; `hidden_gain`, not the paper's, raises it)")
-    return _result(fedl2p_beta_per_client, FAILS, paper_value, ours, reason)
+    reason = _and(reason, finding('fedl2p_beta_per_client', results))
+    return _result(fedl2p_beta_per_client, verdict, paper_value, ours, reason, interval)
 
 
 def _ift_sign(results: Results, failed) -> str:
@@ -445,7 +553,8 @@ def fedl2p_ift_matches_fomaml(results: Results) -> ClaimResult:
     pull the learning rates apart (`_ift_sign`)."""
     return _pairwise(fedl2p_ift_matches_fomaml, results, "fedl2p_table8_*", "FedL2P (IFT)",
                      lambda k: k == "FedL2P (FOMAML+)", lambda a, b: a >= b - MATCH_TOL,
-                     f"IFT >= FOMAML+ - {MATCH_TOL:g}", _ift_sign)
+                     f"IFT >= FOMAML+ - {MATCH_TOL:g}", _ift_sign, margin=-MATCH_TOL,
+                     finding=finding("fedl2p_ift_matches_fomaml", results))
 
 
 # ----------------------------------------------------------------------------- pFedHN
@@ -454,7 +563,8 @@ def fedl2p_ift_matches_fomaml(results: Results) -> ClaimResult:
 def pfedhn_pc_matches(results: Results) -> ClaimResult:
     """Table 1: the personalized classifier variant is at or above pFedHN (within `MATCH_TOL`)."""
     return _pairwise(pfedhn_pc_matches, results, "pfedhn_*", "pFedHN-PC", lambda k: k == "pFedHN",
-                     lambda a, b: a >= b - MATCH_TOL, f"pFedHN-PC >= pFedHN - {MATCH_TOL:g}")
+                     lambda a, b: a >= b - MATCH_TOL, f"pFedHN-PC >= pFedHN - {MATCH_TOL:g}", margin=-MATCH_TOL,
+                     finding=finding("pfedhn_pc_matches", results))
 
 
 @claim("pfedhn", "pFedHN beats every baseline at 50 clients")
@@ -462,7 +572,8 @@ def pfedhn_beats_baselines_n50(results: Results) -> ClaimResult:
     """Table 1, the 50-client columns (CIFAR-10, CIFAR-100): pFedHN above every baseline
     (pFedHN-PC, its own variant, is not a baseline)."""
     return _pairwise(pfedhn_beats_baselines_n50, results, "pfedhn_table1_*_n50", "pFedHN",
-                     lambda k: not k.startswith("pFedHN"), lambda a, b: a > b, "pFedHN > best baseline")
+                     lambda k: not k.startswith("pFedHN"), lambda a, b: a > b, "pFedHN > best baseline",
+                     strict=True, finding=finding("pfedhn_beats_baselines_n50", results))
 
 
 # ----------------------------------------------------------------------------- FedSelect
@@ -498,6 +609,8 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
     if not ours:
         return _result(fn, NOT_RUN, paper_value, "-",
                        f"no s = 2 result with FedSelect and FedAvg / LG-FedAvg{left_out}")
+    judged = [_judge(results[row.split(ROW_SEP, 1)[0]], row, row.split(ROW_SEP, 1)[1], rival, a, b, 0.0, True,
+                     lambda x, y: x > y) for row, a, rival, b in ours]
     failed = [r for r in ours if not r[1] > r[3]]
     ious = {f"{n}:{k}": v for n, res in _matching(results, "fedselect_*_s2") for k in res.get("methods", {})
             if FEDSELECT_ROW.match(k) and (v := _mask_iou(res, k)) is not None}
@@ -511,7 +624,11 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
     ours_text = f"above in {_count(ours, lambda a, b: a > b)}; {_worst(ours)}"
     if ious:
         ours_text += f"; mask IoU {min(ious.values()):.2f}-{max(ious.values()):.2f}"
-    return _result(fn, FAILS if failed or same else HOLDS, paper_value, ours_text, reason)
+    interval, limited = _rows_text(judged)
+    verdict = combine([r.verdict for r in judged] + ([FAILS] if same else []))
+    if verdict != HOLDS:
+        reason = _and(reason, finding('fedselect_beats_fedavg_lg', results))
+    return _result(fn, verdict, paper_value, ours_text, reason + limited, interval, judged)
 
 
 # ----------------------------------------------------------------------------- pFedVEM
@@ -520,7 +637,8 @@ def fedselect_beats_fedavg_lg(results: Results) -> ClaimResult:
 def pfedvem_best_under_drift(results: Results) -> ClaimResult:
     """Table 1: pFedVEM's row is the highest of each column (its own variants are not rivals)."""
     return _pairwise(pfedvem_best_under_drift, results, "pfedvem_*", "pFedVEM",
-                     lambda k: not k.startswith("pFedVEM"), lambda a, b: a >= b, "pFedVEM best")
+                     lambda k: not k.startswith("pFedVEM"), lambda a, b: a >= b, "pFedVEM best",
+                     finding=finding("pfedvem_best_under_drift", results))
 
 
 CLAIMS = (fedl2p_beta_by_shift, fedl2p_beta_per_client, fedl2p_matches_best_ft, fedl2p_lrnet_input_ari,
@@ -533,16 +651,29 @@ def check_all(results: Results) -> list[ClaimResult]:
     return [fn(results) for fn in CLAIMS]
 
 
+def claims_of(results: Results, paper: str) -> list[ClaimResult]:
+    """The claims of ``paper`` (``"fedl2p"``, ``"pfedhn"``, ``"fedselect"``, ``"pfedvem"``) checked on ``results``
+    (``{experiment: compact result or results.json with its analysis}``): for each, ``verdict`` (holds / fails /
+    inconclusive / budget-limited / not run), ``interval`` (the 95% interval it was read from, as text) and
+    ``reason`` (why, with the finding for a claim that does not hold)."""
+    return [c for c in check_all(results) if c.paper == paper]
+
+
 def conclusion(claims: list[ClaimResult], preset: str) -> str:
     """What the checked claims say, in one paragraph written from their verdicts (never from a preset's
-    expected outcome): how many hold, which fail and why, which were not run."""
+    expected outcome): how many hold, fail, are inconclusive or budget-limited and why, which were not run."""
     if not claims:
         return "No claim of this paper is checked by pflkit."
-    by = {v: [c for c in claims if c.verdict == v] for v in (HOLDS, FAILS, NOT_RUN)}
+    by = {v: [c for c in claims if c.verdict == v] for v in (*VERDICTS, NOT_RUN)}
     parts = [f"At the `{preset}` preset, on the runs above, {len(by[HOLDS])} of the paper's {len(claims)} checked "
-             f"claim(s) hold, {len(by[FAILS])} fail and {len(by[NOT_RUN])} could not be checked."]
-    parts += [f"Holds: {c.text} (ours: {c.ours}; paper: {c.paper_value})." for c in by[HOLDS]]
-    parts += [f"Fails: {c.text}: {c.reason} (ours: {c.ours}; paper: {c.paper_value})." for c in by[FAILS]]
+             f"claim(s) hold, {len(by[FAILS])} fail, {len(by[INCONCLUSIVE])} are inconclusive (the 95% interval "
+             f"straddles the claim's margin), {len(by[BUDGET_LIMITED])} are budget-limited (failing while the "
+             f"method was still learning) and {len(by[NOT_RUN])} could not be checked."]
+    iv = lambda c: f"; 95% interval: {c.interval}" if c.interval else ""  # noqa: E731
+    parts += [f"Holds: {c.text} (ours: {c.ours}{iv(c)}; paper: {c.paper_value})." for c in by[HOLDS]]
+    for verdict in (FAILS, INCONCLUSIVE, BUDGET_LIMITED):
+        parts += [f"{verdict.capitalize()}: {c.text}: {c.reason} (ours: {c.ours}{iv(c)}; paper: {c.paper_value})."
+                  for c in by[verdict]]
     if by[NOT_RUN]:
         parts.append("Not checked here (they need runs this notebook did not make): "
                      + "; ".join(c.text for c in by[NOT_RUN]) + ".")

@@ -325,14 +325,16 @@ def table_section(table: str, rows: list[dict], status: dict, stale: frozenset =
 
 def claims_table(results: dict[str, dict], papers=None, *, why: bool = True) -> str:
     """The claims (`pflkit.report.claims`) checked on ``results`` as a table: paper, claim, verdict, the
-    paper's number, ours and (``why``) the reason; ``papers`` limits it to those papers' claims."""
+    paper's number, ours, the 95% interval the verdict was read from and (``why``) the reason; ``papers``
+    limits it to those papers' claims."""
     from pflkit.report.claims import check_all
 
-    head = ["paper", "claim", "verdict", "paper's number", "ours"] + (["why"] if why else [])
+    head = ["paper", "claim", "verdict", "paper's number", "ours", "95% interval"] + (["why"] if why else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in check_all(results):
         if papers is None or c.paper in papers:
-            cells = [c.paper, c.text, f"**{c.verdict}**", c.paper_value, c.ours] + ([c.reason] if why else [])
+            cells = [c.paper, c.text, f"**{c.verdict}**", c.paper_value, c.ours, c.interval or "-"] + \
+                ([c.reason] if why else [])
             lines.append("| " + " | ".join(s.replace("|", "/") for s in cells) + " |")
     return "\n".join(lines) + "\n"
 

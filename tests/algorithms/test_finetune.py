@@ -57,7 +57,8 @@ def test_bad_bn_mode_is_rejected_before_work():
 
 @pytest.mark.parametrize("how", ["reset", "pass"])
 def test_ft_bn_c_client_statistics_before_fine_tuning(setup, how):
-    """Default: mean 0 / variance 1 before the first step (the authors' code); option: one pass."""
+    """Default: mean 0 / variance 1 before the first step (the authors' start for FedL2P's mixed BN, not for
+    their FT baselines: ``pretrained``, below); option: one pass."""
     fed, env, pre = setup
     client = fed.clients[1]
     cfg = FT.make_config({"client_stats_init": how})
@@ -79,3 +80,41 @@ def test_ft_bn_c_client_statistics_before_fine_tuning(setup, how):
 def test_the_start_of_the_statistics_changes_ft_bn_c(setup):
     reset, passed = _ft(setup, bn="client", epochs=1), _ft(setup, bn="client", epochs=1, client_stats_init="pass")
     assert any(reset.per_client[c]["loss"] != passed.per_client[c]["loss"] for c in reset.per_client)
+
+
+def test_pretrained_statistics_start_where_the_authors_ft_baseline_starts(setup):
+    """``client_stats_init="pretrained"`` (royson/fedl2p classification_client.py: the whole pretrained state
+    dict, BN buffers included, then momentum updates in train mode): the client's statistics start at the
+    pretrained running statistics, and FT (BN C) then gives other numbers than with the reset."""
+    fed, env, pre = setup
+    model = prepare(pre.state["weights"], fed.clients[1], "client", env, "pretrained")
+    layers = mixed_bn_layers(model)
+    assert layers and any(float(layer.running_mean.abs().sum()) > 0 for layer in layers)
+    for layer in layers:
+        assert torch.equal(layer.client_mean, layer.running_mean) and torch.equal(layer.client_var, layer.running_var)
+    reset, kept = _ft(setup, bn="client", epochs=1), _ft(setup, bn="client", epochs=1, client_stats_init="pretrained")
+    assert any(reset.per_client[c]["loss"] != kept.per_client[c]["loss"] for c in reset.per_client)
+    # FT (BN G) never reads the client's statistics: the option leaves it as it is
+    g, g_kept = _ft(setup, bn="global", epochs=1), _ft(setup, bn="global", epochs=1, client_stats_init="pretrained")
+    assert g.per_client == g_kept.per_client
+
+
+def test_personalization_on_the_whole_training_partition(setup):
+    """``personalize_on="train_val"`` fine-tunes on the train and validation splits together (the authors'
+    whole training partition); the default is the train split, and stays out of the fingerprint."""
+    from pflkit.algorithms.finetune import personalization_client
+    from pflkit.config import to_dict
+
+    fed, env, pre = setup
+    client = fed.clients[2]
+    whole = personalization_client(client, "train_val")
+    assert whole.num("train") == client.num("train") + client.num("val") and whole.num("test") == client.num("test")
+    assert personalization_client(client, "train") is client
+    train, both = _ft(setup, bn="global"), _ft(setup, bn="global", personalize_on="train_val")
+    assert any(train.per_client[c]["loss"] != both.per_client[c]["loss"] for c in train.per_client)
+    assert "personalize_on" not in to_dict(FT.make_config({}))  # results made before the option keep their digest
+    assert to_dict(FT.make_config({"personalize_on": "train_val"}))["personalize_on"] == "train_val"
+    with pytest.raises(ConfigError, match="personalize_on"):
+        FT.make_config({"personalize_on": "all"})
+    with pytest.raises(ConfigError, match="client_stats_init"):
+        FT.make_config({"client_stats_init": "pretrain"})

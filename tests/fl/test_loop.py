@@ -141,3 +141,16 @@ def test_each_stage_runs_under_its_envs_kernel_backend_and_leaves_the_callers_al
         run_rounds(algo, _cfg(rounds=1, eval_every=0), fed, _model(env),
                    dataclasses.replace(env, kernels=None), test=False)
         assert {b for b, _ in seen} == {"auto"}  # no backend of its own: the caller's
+
+
+def test_the_kept_round_rule_weighted_or_as_the_authors_unweighted():
+    """``select="update_val_loss"`` weighs the clients' validation losses by their sample counts;
+    ``"update_val_loss_mean"`` takes their plain mean, as royson/fedl2p's fedl2p_classification_app.py does."""
+    from types import SimpleNamespace
+
+    from pflkit.fl.algorithm import Update
+    from pflkit.fl.loop import _score
+
+    updates = [Update(0, 30, None, {"val_loss": 1.0}), Update(1, 10, None, {"val_loss": 3.0})]
+    assert _score(SimpleNamespace(select="update_val_loss"), None, updates) == pytest.approx(-1.5)
+    assert _score(SimpleNamespace(select="update_val_loss_mean"), None, updates) == pytest.approx(-2.0)
