@@ -285,7 +285,7 @@ class Session:
 
         checked = self.checked_claims(paper, names, results_root, made=made)
         frame = pd.DataFrame([{"claim": c.text, "verdict": c.verdict, "paper": c.paper_value, "ours": c.ours,
-                               "why": c.reason} for c in checked])
+                               "95% interval": c.interval, "why": c.reason} for c in checked])
         return frame, conclusion(checked, self.preset)
 
 

@@ -106,7 +106,8 @@ def takeaways(claims, preset: str) -> str:
         return f"- No claim of the paper is checked by the results shown here (preset {preset})."
     lines = []
     for c in claims:
-        line = f"- **{c.verdict}**: {c.text} (paper: {c.paper_value}; ours at {preset}: {c.ours})"
+        line = f"- **{c.verdict}**: {c.text} (paper: {c.paper_value}; ours at {preset}: {c.ours}"
+        line += f"; 95% interval: {c.interval})" if getattr(c, "interval", "") else ")"
         if c.verdict != "holds" and c.reason:
             line += f". Why: {c.reason}"
         lines.append(line)
