@@ -30,9 +30,9 @@
 # papers, e.g. [pFedHN](../pfedhn/).
 #
 # **Run time**: the table under the first code cell. By default (`source = "results"`) the tables and figures
-# are drawn from the committed results `results/cpu/<experiment>.json`, nothing trains; the figures that need a
-# run's full per-client report (distance maps, $\eta$ by domain) are shown as the committed figure files, and
-# `source = "train"` draws them fresh. Where pflkit's defaults differ from the papers: the fidelity ledger,
+# are drawn from the committed results `results/cpu/<experiment>.json`, nothing trains; the distance maps and
+# $\eta$ by domain come from the per-client arrays those results store (a result without them shows the
+# committed figure file instead), and `source = "train"` draws them from a fresh run. Where pflkit's defaults differ from the papers: the fidelity ledger,
 # [docs/fidelity.md](../../docs/fidelity.md).
 #
 # ## What is clustered
@@ -104,10 +104,10 @@ from pflkit.notebooks import figures_root, setup
 from pflkit.report import readings
 from pflkit.report.committed import MissingResultError, results_dir as committed_dir
 from pflkit.report.fedl2p import (
-    ari_table, client_groups, load_report, plot_distance_map, plot_hyperparameters_by_domain, published_ari,
+    ari_table, plot_distance_map, plot_hyperparameters_by_domain, published_ari,
 )
 from pflkit.report.fedl2p_learned import (
-    ari_frame, drawable, learned, learned_reading, meta_rounds, plot_learned, plot_sparsity_scenarios,
+    ari_frame, client_report, drawable, learned, learned_reading, meta_rounds, plot_learned, plot_sparsity_scenarios,
 )
 from pflkit.report.figures import save_figure
 
@@ -162,9 +162,8 @@ names = domain_names(results)
 
 # %%
 published = published_ari(cfg.published_detail)
-if source == "train":
-    report = load_report(run_dir, "FedL2P", seed)
-    domains = client_groups(run_dir, "domain", seed)
+report, domains = client_report(results, "FedL2P", seed, run_dir if source == "train" else None)
+if report is not None:
     table = ari_table(report, domains, published, seed=seed)
     rng = np.random.default_rng(seed)
     table["random features"] = [round(cluster_ari(rng.normal(size=report_matrix(report, q).shape), domains), 3)
@@ -186,7 +185,7 @@ if ari:
 # clients within each; blue: closer.
 
 # %%
-if source == "train":
+if report is not None:
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.4), gridspec_kw={"wspace": 0.6})
     for ax, q in zip(axes, ("xi", "beta", "features", "eta")):
         plot_distance_map(report, domains, q, names=names, ax=ax, title=f"{q} (ARI {ari.get(q, float('nan')):.2f})")
@@ -219,7 +218,7 @@ display(Markdown(learned_reading(summary, "FedL2P", names)))
 # domain, even where the ARI above is 1.
 
 # %%
-if source == "train":
+if report is not None:
     fig = plot_hyperparameters_by_domain(report, domains, names, f"{experiment} ({data_label}): β / η by domain")
     save_figure(fig, session.figure(f"{experiment}_hyperparameters_by_domain.png"))
     plt.show()
@@ -273,9 +272,9 @@ if conditioning:
         plt.show()
     display(Markdown(f"{conditioning} learned the meta-nets for {meta_rounds(cond)} rounds ({experiment}: "
                      f"{meta_rounds(results)}). " + learned_reading(cond_summary, "FedL2P", names)))
-    if source == "train":
-        fig = plot_hyperparameters_by_domain(load_report(cond_dir, "FedL2P", seed),
-                                             client_groups(cond_dir, "domain", seed), names,
+    cond_report, cond_domains = client_report(cond, "FedL2P", seed, cond_dir if source == "train" else None)
+    if cond_report is not None:
+        fig = plot_hyperparameters_by_domain(cond_report, cond_domains, names,
                                              f"{conditioning}: β / η by domain (preset {preset})")
         save_figure(fig, session.figure(f"{conditioning}_hyperparameters_by_domain.png"))
         plt.show()

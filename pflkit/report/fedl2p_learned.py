@@ -279,3 +279,20 @@ def paper_label(results: dict, default: str = "paper") -> str:
     another dataset than the one the published numbers were measured on, else ``default``."""
     other = PUBLISHED_ON.get(results["config"]["data"]["dataset"])
     return f"paper (on {other})" if other else default
+
+
+def client_report(results: dict, label: str = "FedL2P", seed: int = 0, run_dir=None):
+    """``(rows, domains)``: FedL2P's per-client report in `hyperparameter_report`'s form and every client's
+    domain, read from the run folder when one is given (train mode), else from the arrays a compact result
+    stores (`pflkit.report.compact.report_rows`); ``(None, None)`` when neither holds them."""
+    from pflkit.report.compact import report_rows
+    from pflkit.report.fedl2p import client_groups, load_report
+
+    if run_dir is not None and Path(run_dir, f"seed{seed}").is_dir():
+        return load_report(run_dir, label, seed), client_groups(run_dir, "domain", seed)
+    seeds = ((results.get("analysis") or {}).get(label) or {}).get("seeds") or []
+    summary = next((s for s in seeds if s.get("seed") == seed), None)
+    rows = report_rows(summary) if summary else None
+    if rows is None or summary.get("domains") is None:
+        return None, None
+    return rows, np.asarray(summary["domains"])
