@@ -150,7 +150,7 @@ display(report.accuracy_table(table1, session.paper_header).round(1))
 fig, axes = plt.subplots(len(table1), 1, figsize=(10, 3.9 * len(table1)), squeeze=False)
 for ax, res in zip(axes[:, 0], table1.values()):
     plot_methods(res, ax=ax, paper_label=report.paper_label(res, session.paper_header(res)),
-                 title=f"{res['title']}: test accuracy per method")
+                 title=f"{res['config']['title']}: test accuracy per method")
 fig.tight_layout()
 save_figure(fig, session.figure("table1_methods.png"))
 plt.show()

@@ -218,8 +218,11 @@ def mix_and_match_reading(acc) -> str:
     n = len(a)
     off = a[~np.eye(n, dtype=bool)]
     best = int(sum(a[i, i] >= a[i].max() for i in range(n)))
+    span = 100 * float((a.max(1) - a.min(1)).mean())
     return (f"With its own feature extractor a client reaches {100 * np.diag(a).mean():.1f}% on average, with "
-            f"another client's {100 * off.mean():.1f}%. The diagonal is its row's best (1.00) in {best} of {n} rows"
+            f"another client's {100 * off.mean():.1f}%; a row's best and worst extractor differ by {span:.1f} points "
+            f"on average, the whole range the colours stretch to 0-1. The diagonal is its row's best (1.00) in "
+            f"{best} of {n} rows"
             + (": the extractors are personal, as in the paper's Fig. 3." if best == n else
                "; in the paper it is the best in every row. Where it is not, another client's extractor serves this "
                "client's two classes at least as well, so those extractors are not personal to their clients."))
