@@ -150,6 +150,8 @@ if source == "train":
     train_fed, novel_fed = fed.subset(range(n - num_novel)), fed.subset(range(n - num_novel, n))
     print(f"{data_label}: {n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel clients")
 
+    print(f"training pFedHN on the {n - num_novel} training clients here; the batch's reference run on all {n} "
+          f"took {session.training_time(name)}")
     env = make_env(exp, train_fed, seed)
     trained = train_method(exp, "pFedHN", train_fed, env)
     acc_train = summarize(trained.per_client)["acc"]

@@ -147,7 +147,8 @@ else:
     report.show_figure(
         report.committed_figure("mix_and_match.png", session.results_dir),
         f"*The committed figure* `figures/pfedhn/mix_and_match.png`, made by this notebook with "
-        f"`source=\"train\"` at preset cpu, seed 0 (see `figures/pfedhn/README.md`). The compact result keeps "
+        f"`source=\"train\"` at preset cpu, seed 0: its own pFedHN-PC run with the committed file's settings, not "
+        f"the committed row above (`figures/pfedhn/README.md` gives that run's accuracy). The compact result keeps "
         f"accuracies, not the trained extractors, so it cannot be drawn from `results/` here; "
         f"`source=\"train\"` redraws it (training pFedHN-PC took the batch {session.training_time(name)}).",
         f"This figure needs pFedHN-PC's trained extractors, which the compact result does not keep: set "
