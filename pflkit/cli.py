@@ -55,6 +55,13 @@ def _run(name: str, args) -> int:
     if engine not in (*ENGINES, "pflkit", "flower"):
         raise ConfigError(f"--engine={engine!r}: expected one of {', '.join(ENGINES)}, flower")
     out = Path(args.out or default_out(cfg, overrides))
+    if not (args.resume or args.overwrite):
+        finished = finished_run(cfg, out, args.data_root)
+        if finished is not None:  # the same run again: show it rather than refuse (as `reproduce` skips it)
+            print(format_table(mark_divergence(finished)))
+            print(f"results: {out / 'results.json'} (a finished run of these settings, shown again; "
+                  f"--overwrite runs it again)")
+            return 0 if finished["status"] == "ok" else 3
     if engine == "flower":  # a local Flower simulation (Ray), one virtual SuperNode per client
         try:
             from pflkit.flower.simulation import run_flower
@@ -74,6 +81,29 @@ def _run(name: str, args) -> int:
             f"{label}: {m.get('error') or m['status']}" for label, m in results["methods"].items()
             if m["status"] != "ok"), file=sys.stderr)
     return 0 if results["status"] == "ok" else 3
+
+
+def finished_run(cfg, out: Path, data_root=None) -> dict | None:
+    """The results of the finished run in ``out`` when it was made with ``cfg``'s settings and data
+    (same fingerprint as `pflkit.runner.run_experiment` checks on ``--resume``), else None (then the
+    runner refuses a folder that holds a run, naming ``--resume`` and ``--overwrite``)."""
+    from pflkit.data.datasets import load_dataset
+    from pflkit.io import read_json
+    from pflkit.pretraining import load_pretrain_data
+    from pflkit.runner import RUN_FILE, fingerprint, fingerprint_hash
+
+    if not ((out / "results.json").is_file() and (out / RUN_FILE).is_file()):
+        return None
+    try:
+        results, stored = read_json(out / "results.json"), read_json(out / RUN_FILE)["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable: let the runner's refusal speak
+        return None
+    if not isinstance(results, dict) or "methods" not in results or "status" not in results:
+        return None
+    dataset = load_dataset(cfg.data.dataset, data_root, **cfg.data.options)
+    pre = load_pretrain_data(cfg, data_root, False, load=load_dataset)
+    current = fingerprint(cfg, dataset, pre)
+    return results if fingerprint_hash(stored) == fingerprint_hash(current) else None
 
 
 def default_out(cfg, overrides: list[str]) -> Path:

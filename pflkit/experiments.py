@@ -503,18 +503,31 @@ def _pretrain_stage(raw: dict) -> PretrainStage:
                          normalize=normalize)
 
 
+def _spec_path(spec: str | Path) -> Path:
+    """The TOML file an experiment argument names: a name wins over a folder of the same name.
+
+    The argument is read as a path only when it ends in ``.toml`` or is an existing file, so
+    ``pflkit demo`` still runs the built-in ``demo`` inside a directory that holds a ``demo/``
+    run folder (e.g. after ``pflkit demo --out demo``).
+    """
+    path = Path(spec)
+    if path.suffix == ".toml" or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"experiment file {str(spec)!r} not found")
+        return path
+    known = list_experiments()
+    if str(spec) not in known:
+        raise ConfigError(f"experiment {str(spec)!r} not found; known: {', '.join(sorted(known))}")
+    return known[str(spec)]
+
+
 def resolve(spec: dict | str | Path, preset: str = "cpu", overrides: list[str] | dict | None = None) -> ExperimentConfig:
     """File (or dict) + preset + overrides -> a validated `ExperimentConfig`.
 
     ``overrides``: ``["key=value", ...]`` (the CLI's ``--set``) or a ``{key: value}`` dict.
     """
     if isinstance(spec, (str, Path)):
-        path = Path(spec)
-        if not path.exists():
-            known = list_experiments()
-            if str(spec) not in known:
-                raise ConfigError(f"experiment {str(spec)!r} not found; known: {', '.join(sorted(known))}")
-            path = known[str(spec)]
+        path = _spec_path(spec)
         with open(path, "rb") as f:
             raw = tomllib.load(f)
         raw.setdefault("experiment", {}).setdefault("name", path.stem)

@@ -308,10 +308,24 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
     records: dict[str, dict] = {}
     pretrained = None
     if cfg.pretrain is not None:
+        resume = resume and not _retry(seed_dir, cfg.pretrain)
         records[cfg.pretrain.label], pretrained = run_pretrain(cfg, fed, env, pre, seed_dir, resume, progress, train)
     for stage in cfg.methods:
+        resume = resume and not _retry(seed_dir, stage)
         records[stage.label] = _run_method(cfg, stage, fed, env, pretrained, seed_dir, resume, progress, train)
     return records, {"seen": fed.seen_ids, "unseen": fed.unseen_ids}
+
+
+def _retry(seed_dir: Path, stage: StageConfig) -> bool:
+    """True when a resumed run finds ``stage`` left ``incomplete`` (clients missing, e.g. a Flower node
+    that died): it is trained again, and so is every later stage of the seed, which may start from its
+    weights, so a run is never worse for being resumed. A diverged stage is kept (it would diverge again)."""
+    records = [seed_dir / f"{slug(stage.label)}.json", seed_dir / "pretrain" / f"{slug(stage.label)}.json"]
+    incomplete = any(p.exists() and read_json(p).get("status") == "incomplete" for p in records)
+    if incomplete:
+        log.warning("%s: stage %s was left incomplete; training it (and the stages after it) again",
+                    seed_dir.name, stage.label)
+    return incomplete
 
 
 def method_setting(exp, stage, fed: Federation):
@@ -347,6 +361,12 @@ def _run_method(cfg, stage, fed, env, pretrained, seed_dir: Path, resume: bool, 
                 "seconds": 0.0}
     return _run_stage(stage, fed_m, env_m, set_state(initial_model(env_m), weights), seed_dir, resume, progress,
                       train)
+
+
+def _percent(acc) -> float | None:
+    """A client's test accuracy in %, None where it has none: a NaN in memory, a null once read back
+    from a stage record on resume (JSON has no NaN), so None never reaches arithmetic."""
+    return 100.0 * acc if acc is not None and math.isfinite(acc) else None
 
 
 def _pool_acc(record: dict, ids: list[int]) -> float:
@@ -389,7 +409,7 @@ def _method_entry(label: str, algorithm: str, per_seed_records: list[dict], publ
                      for r, p in zip(per_seed_records, pools)],
         "unseen": None if not unseen or status != "ok" else {"acc_mean": float(np.mean(unseen)),
                                                              "acc_std": float(np.std(unseen)), "per_seed": unseen},
-        "per_client": [[100.0 * c["acc"] for c in r["per_client"]] for r in per_seed_records],
+        "per_client": [[_percent(c.get("acc")) for c in r["per_client"]] for r in per_seed_records],
         "best_round": [r.get("best_round") for r in per_seed_records],
         "bytes_per_round": float(np.mean(bytes_round)) if bytes_round else 0.0,
         "missing": [{"seed": s, **m} for s, r in zip(seeds, per_seed_records) for m in r.get("missing", [])],

@@ -124,3 +124,24 @@ def test_the_cli_lists_the_engines_pflkit_has():
     from pflkit.fl.engines import ENGINES
 
     assert cli.ENGINES == ENGINES
+
+
+def test_the_quickstart_twice_shows_the_finished_run(tmp_path, monkeypatch, capsys):
+    """`pflkit demo --out demo && pflkit demo && pflkit demo`: three exits 0 in the folder holding `demo/`,
+    the third printing the second's results; other settings in a finished run's folder are still refused."""
+    monkeypatch.chdir(tmp_path)
+    args = ["demo", "--preset", "smoke", "--quiet", "--set", "pretrain.rounds=2"]
+    assert main(args + ["--out", "demo"]) == 0
+    capsys.readouterr()
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    [out] = (tmp_path / "runs").iterdir()
+    stored = (out / "results.json").read_bytes()
+    assert main(args) == 0
+    third = capsys.readouterr().out
+    assert (out / "results.json").read_bytes() == stored  # shown, not run again
+    table = second.split("results:")[0]
+    assert "FT (BN C)" in table and third.startswith(table)
+    assert "finished run" in third and "--overwrite" in third and f"runs/{out.name}/results.json" in third
+    assert main(args + ["--out", str(out), "--seed", "5"]) == 2
+    assert "already holds a run" in capsys.readouterr().err

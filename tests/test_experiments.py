@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from pflkit.config import ConfigError
@@ -79,3 +81,16 @@ def test_experiment_tables_hold_only_the_keys_something_reads():
             keys = set(tomllib.load(f).get("experiment", {}))
         assert keys <= read, f"{name}: [experiment] {sorted(keys - read)} is read by nothing"
         assert {"paper", "table", "title"} <= keys, name
+
+
+def test_a_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
+    """`pflkit demo --out demo` leaves a folder `demo/`: the name still means the built-in experiment."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "results.json").write_text("{}")
+    assert resolve("demo", "smoke").name == "demo"
+    with pytest.raises(ConfigError, match="not found"):
+        resolve("missing.toml", "cpu")  # a .toml argument is a path, never a name
+    own = tmp_path / "mine"  # an existing file is read as a file, whatever its suffix
+    own.write_text((Path(list_experiments()["demo"])).read_text())
+    assert resolve(str(own), "smoke").name == "mine"

@@ -16,6 +16,7 @@ def kept(tmp_path_factory):
     return cfg, out, run_experiment(cfg, out, progress=False, keep_states=True)
 
 
+@pytest.mark.needs_data(experiments=["fedselect_table1_s2"])
 def test_final_states_are_kept_only_when_asked(kept, tmp_path):
     cfg, out, results = kept
     assert results["status"] == "ok"
@@ -26,6 +27,7 @@ def test_final_states_are_kept_only_when_asked(kept, tmp_path):
     assert not list(plain.rglob("*.final.pt"))
 
 
+@pytest.mark.needs_data(experiments=["fedselect_table1_s2"])
 def test_kept_states_reproduce_the_reported_accuracies(kept):
     """FedAvg's kept server weights give its per-client test accuracies again; FedSelect's kept client
     states hold every client's personal mask (what Fig. 1 needs, without training again)."""

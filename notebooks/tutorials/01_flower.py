@@ -142,16 +142,17 @@ rows[["round", "clients", "completed", "failed", "train_loss"]]
 # installed and its data under `data-root`):
 #
 # ```bash
-# # server machine
-# flower-superlink --insecure
+# # server machine (Flower >= 1.42: one port for Fleet, Control and runtime APIs)
+# flower-superlink --insecure --host 0.0.0.0 --port 8000 --disable-runtime-dependency-installation
 # # each client machine i = 0 .. N-1 (N = data.num_clients of the experiment)
-# flower-supernode --insecure --superlink SERVER:9092 \
-#     --node-config "partition-id=$i num-partitions=$N data-root='/data'"
+# flower-supernode --insecure --superlink SERVER:8000 --port 9094 \
+#     --node-config "partition-id=$i num-partitions=$N data-root='/data' state-dir='/states/$i'"
 # # your machine, in the repository: a connection named `lab` in ~/.flwr/config.toml
 # #   [superlink.lab]
-# #   address = "SERVER:9093"
+# #   address = "SERVER:8000"
 # #   insecure = true
 # flwr run . lab --run-config "experiment='demo' preset='cpu' out='/results/demo'" --stream
+# # resume a stopped run: add resume=true to --run-config
 # ```
 #
 # The same app on Flower's own local simulation (the `local` connection Flower creates), with one simulated
@@ -162,4 +163,6 @@ rows[["round", "clients", "completed", "failed", "train_loss"]]
 # FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --run-config "experiment='demo' preset='smoke'" --stream
 # ```
 #
-# Use TLS and node authentication outside a trusted network (see Flower's deployment guides).
+# Outside a trusted network use TLS (`--ssl-certfile`/`--ssl-keyfile` on the SuperLink, `--root-certificates` on
+# the SuperNodes, no `--insecure`) and node authentication (`--enable-supernode-auth`,
+# `--auth-supernode-private-key`); the README's "Running on Flower" shows all of it on one machine.

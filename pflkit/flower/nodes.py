@@ -5,7 +5,9 @@ the server waits up to ``node-wait`` seconds for every partition to get a node, 
 node as soon as it connects and waiting for its answer as long as the wait lasts: a node
 that is slow to start (a Ray actor, a ClientApp process importing torch, a dataset being
 read) is still mapped. Clients still without a node after that are recorded as failed,
-with the reason `NodeMap.absent` gives, whenever they are sampled or evaluated.
+with the reason `NodeMap.absent` gives, whenever they are sampled or evaluated. A node that
+claims a partition another node held (a SuperNode restarted after a crash gets a new node id)
+takes it over: the newest claim wins and the old node is never addressed again.
 """
 from __future__ import annotations
 
@@ -81,7 +83,9 @@ class NodeMap:
                 log.warning("node %s holds partition %d, outside 0..%d: ignored", node, pid, self.num_clients - 1)
                 self.cid_of[node] = -1  # asked once is enough (also for the errors above)
                 continue
-            if self.node_of.get(pid, node) != node:
-                raise ValueError(f"partition-id {pid} is claimed by nodes {self.node_of[pid]} and {node}")
+            stale = self.node_of.get(pid, node)
+            if stale != node:  # a restarted SuperNode has a new id: the newest claim wins, the old node is forgotten
+                log.warning("partition-id %d: node %s takes over from node %s", pid, node, stale)
+                self.cid_of[stale] = -1
             self.node_of[pid], self.cid_of[node] = node, pid
         log.info("Flower nodes: %d of %d clients mapped", len(self.node_of), self.num_clients)

@@ -9,8 +9,11 @@ exactly as for a local run; this module only:
 * ``configure_train``: calls ``algo.broadcast(state, cid, ...)`` for each sampled client
   and addresses the message to the node whose ``partition-id`` is ``cid`` (pFedHN sends
   each node its generated weights, the hypernetwork never leaves the server);
-* ``aggregate_train``: decodes the replies into the loop's updates, in sampling order
-  (replies arrive in any order; the loop's floating-point sums must not change);
+* ``aggregate_train`` / ``aggregate_evaluate``: decode the replies into the loop's updates and
+  metrics in the loop's client order (replies arrive in any order; the loop's floating-point sums
+  must not change); a reply is matched to its message by the message id it answers;
+* before each step, nodes that joined since are mapped: a restarted SuperNode takes its
+  partition's client over (`pflkit.flower.nodes.NodeMap`: the newest claim wins);
 * ``configure_evaluate`` / ``aggregate_evaluate``: an evaluation pass with each client's
   view of the state (`pflkit.fl.algorithm.Algorithm.eval_view`), at keep-best's round for
   the test pass;
@@ -119,6 +122,7 @@ class PflkitStrategy(Strategy):
 
     def train(self, state, ids: list[int], env) -> RoundWork:
         self.env, round_index = env, env.round  # the round's context, for the messages of this step
+        self._look_for_nodes()
         self._state, self._ids = state, list(ids)
         if round_index == 0 and isinstance(state, dict):  # parts of the initial state are stable from the start
             for part in state.values():
@@ -128,6 +132,7 @@ class PflkitStrategy(Strategy):
 
     def evaluate(self, state, ids, split: str, env, at_best: bool = False) -> Evaluation:
         self.env = env
+        self._look_for_nodes()
         self._state, self._ids, self._at_best = state, list(ids), at_best
         config = ConfigRecord({"split": split})
         msgs = self.configure_evaluate(self.env.round + 1, ArrayRecord(), config, self.grid)
@@ -135,6 +140,12 @@ class PflkitStrategy(Strategy):
                                                f"round {self.env.round + 1} {split}" if split == "val" else split)
         failures.update({cid: self.nodes.absent(cid) for cid in self._missing})
         return Evaluation({cid: dict(content[METRICS]) for cid, content in got.items()}, failures, down)
+
+    def _look_for_nodes(self) -> None:
+        """Map nodes that joined since the last step (a restarted SuperNode: a new node id, the same
+        partition, takes its client over from this round on; `NodeMap`: the newest claim wins)."""
+        if self.grid is not None:
+            self.nodes.refresh(self.grid, self.timeout)
 
     def mark_best(self, round_: int) -> None:
         self.best_round = round_
@@ -185,8 +196,9 @@ class PflkitStrategy(Strategy):
         body = self._encoded(obj, tuple(hold))
         content[f"{MSG}.{records.ARRAYS}"], content[f"{MSG}.{records.TREE}"] = body
         nbytes = records.record_nbytes(content)
-        self._pending[node] = (cid, cache, nbytes)
-        return Message(content, dst_node_id=node, message_type=kind, group_id=str(self.env.round + 1))
+        msg = Message(content, dst_node_id=node, message_type=kind, group_id=str(self.env.round + 1))
+        self._pending[node] = (cid, cache, nbytes, msg)  # the grid gives msg its id when it pushes it
+        return msg
 
     def _encoded(self, obj, held: tuple) -> tuple:
         """The message's records without its ``held`` parts; the same object is encoded once per round
@@ -207,8 +219,12 @@ class PflkitStrategy(Strategy):
         got, failures, up = {}, {}, 0
         down = sum(p[2] for p in self._pending.values())
         where = f"{self.header.get('stage', self.algo.name)} (seed {self.header.get('seed', self.env.seed)}) {where}"
+        # a reply is matched to its message by the id it answers: Flower's "node unavailable" reply for a
+        # dead node comes from the SuperLink (node 1), not from the node it was sent to
+        sent = {p[3].metadata.message_id: node for node, p in self._pending.items() if p[3].metadata.message_id}
         for rep in replies:
-            cid, store, _ = self._pending.pop(rep.metadata.src_node_id, (None, None, 0))
+            node = sent.get(rep.metadata.reply_to_message_id) if sent else rep.metadata.src_node_id
+            cid, store, _, _ = self._pending.pop(node, (None, None, 0, None))
             if cid is None:
                 continue  # a late reply to an older message
             if rep.has_error():
@@ -221,12 +237,15 @@ class PflkitStrategy(Strategy):
             self.held.setdefault(cid, {}).update(store)
             got[cid] = rep.content
             up += records.record_nbytes(rep.content)
-        for cid, _, _ in self._pending.values():
+        for cid, _, _, _ in self._pending.values():
             late = "no reply" if self.timeout is None else f"no reply within {self.timeout:g} s"
             failures[cid] = self.failure_log.record(where, cid, late)
             self.held.pop(cid, None)
         self._pending.clear()
-        return got, failures, down, up
+        order = {cid: i for i, cid in enumerate(self._ids)}  # the loop's client order, never arrival order
+        return ({cid: got[cid] for cid in sorted(got, key=lambda c: (order.get(c, len(order)), c))},
+                {cid: failures[cid] for cid in sorted(failures, key=lambda c: (order.get(c, len(order)), c))},
+                down, up)
 
     def _work(self, replies: Iterable[Message], server_round: int) -> RoundWork:
         got, failures, down, up = self._collect(replies, f"round {server_round}")

@@ -27,7 +27,7 @@ from typing import Iterable
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from pflkit.experiments import ExperimentConfig
@@ -38,6 +38,8 @@ from pflkit.flower.server_app import build_server_app
 log = logging.getLogger(__name__)
 
 BACKENDS = ("ray", "inprocess")
+NODE_UNAVAILABLE = ("Error: Node Unavailable - The destination node failed to report a heartbeat within "
+                    "2 x its expected interval.")
 
 
 class LocalGrid(Grid):
@@ -47,10 +49,14 @@ class LocalGrid(Grid):
     messages, replies and node contexts are pickled on the way, like Ray does; a
     ClientApp exception becomes an error reply and leaves the node's context unchanged,
     as in Flower's simulation engine. A reply that takes longer than ``timeout`` is
-    dropped (the client ran; the server does not see it).
+    dropped (the client ran; the server does not see it). `kill` and `restart` act out a
+    SuperNode that dies (it leaves the online nodes; a message to it is answered by the
+    SuperLink, node 1, with Flower's node-unavailable error) and one started again (a new
+    node id, the same node config).
     """
 
     def __init__(self, client_app: ClientApp, num_nodes: int, seed: int = 0, node_config: dict | None = None):
+        _set_task_identity()
         rng = random.Random(seed)
         parts = list(range(num_nodes))
         rng.shuffle(parts)
@@ -63,6 +69,28 @@ class LocalGrid(Grid):
                                           run_config={})
         self._run = None
         self._replies: dict[str, Message] = {}
+        self._rng = rng
+        self.dead: set[int] = set()
+
+    def node_of(self, partition: int) -> int:
+        """The live node that holds ``partition``."""
+        return next(n for n, c in self.contexts.items() if n not in self.dead and c.node_config["partition-id"] ==
+                    partition)
+
+    def kill(self, partition: int) -> int:
+        """The node holding ``partition`` dies (returns its id)."""
+        node = self.node_of(partition)
+        self.dead.add(node)
+        return node
+
+    def restart(self, partition: int) -> int:
+        """A SuperNode for ``partition`` starts again after `kill`: a new node id, the dead node's config
+        (its state folder included), an empty context state (a fresh process); returns the new id."""
+        old = next(n for n in self.dead if self.contexts[n].node_config["partition-id"] == partition)
+        node = self._rng.getrandbits(63) or 2
+        self.contexts[node] = Context(run_id=0, node_id=node, node_config=dict(self.contexts[old].node_config),
+                                      state=RecordDict(), run_config={})
+        return node
 
     def set_run(self, run) -> None:
         self._run = run
@@ -76,12 +104,16 @@ class LocalGrid(Grid):
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
 
     def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
+        return [n for n in self.contexts if n not in self.dead]  # Flower lists the online nodes
 
     def _deliver(self, msg: Message) -> Message:
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as Flower's grids do when they push it
         msg = pickle.loads(pickle.dumps(msg))
-        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
         node = msg.metadata.dst_node_id
+        if node in self.dead:  # what Flower's SuperLink answers for a node that stopped its heartbeats
+            reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+            return pickle.loads(pickle.dumps(reply))
         context = pickle.loads(pickle.dumps(self.contexts[node]))
         try:
             reply = self.client_app(msg, context)
@@ -114,16 +146,20 @@ class LocalGrid(Grid):
         return replies
 
 
-def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, seed: int = 0,
-                  grid: LocalGrid | None = None) -> LocalGrid:
-    """Run ``server_app`` against ``num_nodes`` in-process nodes (or ``grid``'s); returns the grid."""
-    try:  # what run_simulation does for its Python API: messages built here need a run identity
-        from flwr.common.constant import SUPERLINK_NODE_ID
+def _set_task_identity() -> None:
+    """What run_simulation does for its Python API: messages built in this process need a run identity."""
+    try:
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 0, 1, SUPERLINK_NODE_ID
     except ImportError:  # older Flower: the Message constructor needs no identity
         pass
+
+
+def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, seed: int = 0,
+                  grid: LocalGrid | None = None) -> LocalGrid:
+    """Run ``server_app`` against ``num_nodes`` in-process nodes (or ``grid``'s); returns the grid."""
+    _set_task_identity()
     grid = grid if grid is not None else LocalGrid(client_app, num_nodes, seed=seed)
     server_app(grid, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     return grid

@@ -11,7 +11,7 @@ from pflkit.flower.client_app import build_client_app
 from pflkit.flower.failures import LIMIT, LOG_FILE, one_line
 from pflkit.flower.nodes import NodeMap
 from pflkit.flower.runtime import settings_for
-from pflkit.flower.server_app import build_server_app
+from pflkit.flower.server_app import PflkitStrategy, build_server_app
 from pflkit.flower.simulation import LocalGrid, run_flower, run_inprocess
 from pflkit.io import read_json
 from tests.flower.helpers_flower import experiment
@@ -150,3 +150,33 @@ def test_a_node_that_never_connects_is_reported_after_the_wait(tmp_path):
     assert row["failed"] == [1] and row["failures"] == {"1": reason} and row["completed"] == 3
     stage = read_json(tmp_path / "seed0" / "fedavg.json")
     assert stage["status"] == "incomplete" and stage["missing"] == [{"client": 1, "reason": reason}]
+
+
+def test_a_node_that_dies_is_named_with_flowers_reason_and_its_restart_takes_the_partition_over(tmp_path,
+                                                                                                  monkeypatch):
+    """Partition 3's node dies before FedAvg's second round and starts again (a new node id) before
+    FedAvg B's second round: the SuperLink's node-unavailable replies (sent by node 1, not by the dead
+    node) are the recorded reason, FedAvg is incomplete naming client 3, FedAvg B uses the new node
+    from the round after the restart on and finishes ok."""
+    cfg = experiment(methods=["FedAvg B"], extra={"FedAvg B": FEDAVG}, pretrain={"label": "FedAvg", **FEDAVG})
+    real = PflkitStrategy.train
+
+    def train(self, state, ids, env):
+        if self.header["stage"] == "FedAvg" and env.round == 1:
+            self.grid.kill(3)
+        if self.header["stage"] == "FedAvg B" and env.round == 1:
+            self.grid.restart(3)
+        return real(self, state, ids, env)
+
+    monkeypatch.setattr(PflkitStrategy, "train", train)
+    results = run_flower(cfg, tmp_path, backend="inprocess")
+    r1, r2 = results["rounds"]["FedAvg"]["seed0"]
+    assert r1["failed"] == [] and r2["failed"] == [3] and r2["completed"] == 3
+    assert r2["failures"]["3"].startswith("Error: Node Unavailable") and r2["val_failed"] == [3]
+    stage = read_json(tmp_path / "seed0" / "fedavg.json")
+    assert stage["status"] == "incomplete"
+    assert [m["client"] for m in stage["missing"]] == [3] and "Node Unavailable" in stage["missing"][0]["reason"]
+    b1, b2 = results["rounds"]["FedAvg B"]["seed0"]
+    assert b1["failed"] == [3] and "Node Unavailable" in b1["failures"]["3"]
+    assert b2["failed"] == [] and b2["completed"] == 4 and b2.get("val_failed", []) == []
+    assert results["methods"]["FedAvg B"]["status"] == "ok"

@@ -12,7 +12,7 @@ from pflkit.fl.algorithm import Env
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
-from pflkit.flower.server_app import NodeMap, PflkitStrategy
+from pflkit.flower.server_app import NodeMap, PflkitStrategy, build_server_app
 from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
@@ -95,12 +95,12 @@ def test_nodes_are_matched_to_partitions_whatever_their_ids():
     assert sorted(nodes.node_of) == list(range(5))
     for pid, node in nodes.node_of.items():
         assert grid.contexts[node].node_config["partition-id"] == pid
-    grid2 = LocalGrid(build_client_app(), 3, seed=0)
-    twin = next(iter(grid2.contexts.values()))
-    other = list(grid2.contexts.values())[1]
-    other.node_config["partition-id"] = twin.node_config["partition-id"]
-    with pytest.raises(ValueError, match="claimed by nodes"):
-        NodeMap(3).refresh(grid2)
+    # a SuperNode restarted after a crash: a new node id, the same partition; the newest claim wins
+    old = grid.kill(2)
+    new = grid.restart(2)
+    nodes.refresh(grid)
+    assert nodes.node_of[2] == new != old and nodes.cid_of[old] == -1 and nodes.cid_of[new] == 2
+    assert sorted(nodes.node_of) == list(range(5))
 
 
 class Stop(Exception):
@@ -160,3 +160,41 @@ def test_a_resumed_client_without_its_state_fails_instead_of_starting_afresh(tmp
     assert row["val_failed"] and all(lost in r for r in row["val_failures"].values())
     method = resumed["methods"]["FedSelect"]
     assert method["status"] == "incomplete" and method["missing"] and all(lost in m["reason"] for m in method["missing"])
+
+
+class ReversedGrid(LocalGrid):
+    """Replies arrive in the reverse of the order the messages went out (as they may on a real federation)."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return list(reversed(list(super().send_and_receive(messages, timeout=timeout))))
+
+
+def test_replies_are_combined_in_client_order_not_arrival_order(monkeypatch, tmp_path):
+    """Every evaluation pass hands the loop its clients' metrics in the loop's client order (a float mean
+    summed in arrival order differs in its last digits from run to run), and training updates too."""
+    from pflkit.flower.simulation import run_inprocess
+
+    seen: list = []
+    real_eval, real_train = PflkitStrategy.evaluate, PflkitStrategy.train
+
+    def evaluate(self, state, ids, split, env, at_best=False):
+        ev = real_eval(self, state, ids, split, env, at_best)
+        seen.append((list(ids), list(ev.per_client)))
+        return ev
+
+    def train(self, state, ids, env):
+        work = real_train(self, state, ids, env)
+        seen.append((list(ids), [u.client_id for u in work.updates]))
+        return work
+
+    monkeypatch.setattr(PflkitStrategy, "evaluate", evaluate)
+    monkeypatch.setattr(PflkitStrategy, "train", train)
+    cfg = experiment(methods=["FedL2P"])
+    sink: dict = {}
+    server = build_server_app(settings_for(cfg, None, out=str(tmp_path)), sink)
+    client = build_client_app()
+    run_inprocess(server, client, cfg.data.num_clients, grid=ReversedGrid(client, cfg.data.num_clients, seed=3))
+    assert sink["results"]["status"] == "ok"
+    assert len(seen) > 4 and any(len(ids) > 1 for ids, _ in seen)
+    for ids, order in seen:
+        assert order == ids
