@@ -11,6 +11,7 @@ import pytest
 
 from pflkit.notebook_outputs import compare, dumps, execute_results_mode, has_results_mode, problems, with_outputs
 from pflkit.notebooks import find_notebooks
+from tests.test_notebooks import with_data
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = find_notebooks()
@@ -36,7 +37,7 @@ def test_a_notebook_is_committed_with_outputs_unless_pending(nb):
                                          "a notebook without results mode must not carry outputs")
 
 
-@pytest.mark.parametrize("nb", COMMITTED, ids=_key)
+@pytest.mark.parametrize("nb", with_data(COMMITTED))
 def test_committed_outputs_are_what_the_committed_results_produce(nb):
     committed = json.loads(nb.read_text())
     fresh = with_outputs(committed, execute_results_mode(nb))
