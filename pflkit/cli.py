@@ -62,6 +62,8 @@ def _run(name: str, args) -> int:
             print(f"results: {out / 'results.json'} (a finished run of these settings, shown again; "
                   f"--overwrite runs it again)")
             return 0 if finished["status"] == "ok" else 3
+    if not args.quiet:
+        print(_committed_time(cfg, overrides))
     if engine == "flower":  # a local Flower simulation (Ray), one virtual SuperNode per client
         try:
             from pflkit.flower.simulation import run_flower
@@ -104,6 +106,21 @@ def finished_run(cfg, out: Path, data_root=None) -> dict | None:
     pre = load_pretrain_data(cfg, data_root, False, load=load_dataset)
     current = fingerprint(cfg, dataset, pre)
     return results if fingerprint_hash(stored) == fingerprint_hash(current) else None
+
+
+def _committed_time(cfg, overrides: list[str]) -> str:
+    """One line before training: what this experiment cost the committed batch at this preset, when the
+    checkout holds its result (and it was made with the same settings), else that there is no such timing."""
+    from pflkit.report.committed import MissingResultError, read_committed, training_time
+    from pflkit.report.compact import config_digest
+
+    try:
+        res = read_committed(cfg.name, cfg.preset)
+    except MissingResultError:
+        return f"{cfg.name}: training at preset {cfg.preset} (no committed result here to estimate its time)"
+    same = config_digest(cfg.to_dict()) == (res.get("fingerprint") or {}).get("config")
+    return (f"{cfg.name}: training at preset {cfg.preset}; the committed batch took {training_time(res)}"
+            + ("" if same else " with other settings") + (f" (--set {' '.join(overrides)})" if overrides else ""))
 
 
 def default_out(cfg, overrides: list[str]) -> Path:
