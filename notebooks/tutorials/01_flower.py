@@ -34,6 +34,10 @@
 # Flower's messages in this process (`backend="inprocess"`, no Ray: Ray's start-up alone takes longer than the
 # whole smoke run); at `cpu` and `paper` it is a real Flower simulation with one Ray actor per CPU.
 #
+# By default (`source = "results"`) the notebook shows the committed local run of the experiment
+# (`results/cpu/demo.json`): its table and what travelled each round, with no training and without Flower;
+# `source = "train"` runs the Flower engine here, beside pflkit's loop, and the crash of section 3.
+#
 # Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
 # [docs/fidelity.md](../../docs/fidelity.md).
 
@@ -71,11 +75,12 @@ if not installed:
 # Flower and Ray (the `flower` extra of pflkit), if missing
 import importlib.util
 
-if importlib.util.find_spec("flwr") is None:
+if importlib.util.find_spec("flwr") is None:  # also in results mode: a Colab reader may switch to train
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "flwr[simulation]>=1.41"], check=True)
 
 # %% tags=["parameters"]
-preset = "cpu"  # smoke: seconds, meaningless numbers; cpu; paper
+preset = "cpu"  # smoke: seconds, meaningless numbers; cpu: the committed results; paper
+source = "results"  # results: the committed local run, no training; train: run it on Flower here
 out_dir = "runs/flower"
 data_root = None  # a folder with datasets; else $PFLKIT_DATA, then the cache
 device = "auto"  # auto: the GPU when there is one, e.g. a Colab GPU runtime
@@ -84,15 +89,16 @@ standin = False
 figures_dir = None
 seed = 0
 backend = None  # None: "inprocess" at the smoke preset, else "ray"
+results_dir = None  # results mode: the committed results' folder (None: the checkout's results/)
 
 # %%
 import pandas as pd
+from IPython.display import Markdown, display
 
-from pflkit.flower.simulation import run_flower
 from pflkit.notebooks import setup
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
-                figures_dir=figures_dir, seed=seed)
+                figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)
 backend = backend or ("inprocess" if preset == "smoke" else "ray")
 cfg = session.resolve("demo")
 print(cfg.title, "|", session.dataset_label(cfg), "|", cfg.data.num_clients, "clients | Flower backend:", backend)
@@ -105,12 +111,22 @@ print(cfg.title, "|", session.dataset_label(cfg), "|", cfg.data.num_clients, "cl
 
 # %%
 loop = session.run("demo")
-flower = run_flower(cfg, session.out / "flower", data_root=session.data_root, backend=backend, num_cpus=2)
-print(session.format_table(flower))
+if source == "train":
+    from pflkit.flower.simulation import run_flower
+
+    flower = run_flower(cfg, session.out / "flower", data_root=session.data_root, backend=backend, num_cpus=2)
+    print(session.format_table(flower))
+else:
+    flower = loop
+    print(session.format_table(loop))
+    display(Markdown("The committed run is pflkit's loop; `source = \"train\"` runs the Flower engine beside it. "
+                     "That both give the same numbers is checked by `tests/flower/` (in-process Flower) and by "
+                     "`.ci/run`'s deployment test (a SuperLink and SuperNodes as real processes)."))
 
 # %%
-pd.DataFrame({label: {"pflkit loop": loop["methods"][label]["acc_mean"],
-                      "Flower": flower["methods"][label]["acc_mean"]} for label in loop["methods"]}).T
+if source == "train":
+    display(pd.DataFrame({label: {"pflkit loop": loop["methods"][label]["acc_mean"],
+                                  "Flower": flower["methods"][label]["acc_mean"]} for label in loop["methods"]}).T)
 
 # %% [markdown]
 # ## 2. What travelled
@@ -119,8 +135,9 @@ pd.DataFrame({label: {"pflkit loop": loop["methods"][label]["acc_mean"],
 # model once per node), pFedHN the target network only, FedSelect the shared part only.
 
 # %%
-pd.DataFrame(flower["rounds"]["Global"]["seed0"])[["round", "clients", "train_loss", "val_acc", "bytes_down",
-                                                   "bytes_up", "failed"]]
+travel = pd.DataFrame(flower["rounds"]["Global"]["seed0"])
+travel[[c for c in ("round", "clients", "train_loss", "val_acc", "bytes_down", "bytes_up", "failed")
+        if c in travel]].round(4)
 
 # %% [markdown]
 # ## 3. A client that crashes
@@ -129,10 +146,14 @@ pd.DataFrame(flower["rounds"]["Global"]["seed0"])[["round", "clients", "train_lo
 # history names who failed. `faults` injects such a failure: client 1 raises whenever it is asked to train.
 
 # %%
-faulty = run_flower(cfg, session.out / "faulty", data_root=session.data_root, backend=backend, num_cpus=2,
-                    faults={"Global/1/*": "raise"})
-rows = pd.DataFrame(faulty["rounds"]["Global"]["seed0"])
-rows[["round", "clients", "completed", "failed", "train_loss"]]
+if source == "train":
+    faulty = run_flower(cfg, session.out / "faulty", data_root=session.data_root, backend=backend, num_cpus=2,
+                        faults={"Global/1/*": "raise"})
+    rows = pd.DataFrame(faulty["rounds"]["Global"]["seed0"])
+    display(rows[["round", "clients", "completed", "failed", "train_loss"]])
+else:
+    display(Markdown("Section 3 runs only with `source = \"train\"`: the committed results hold no run with an "
+                     "injected crash."))
 
 # %% [markdown]
 # ## 4. The same app on real machines
