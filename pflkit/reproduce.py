@@ -69,7 +69,7 @@ KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embedd
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
 # and its stage reuse, the hypergradient check)
 NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "notebook_outputs.py",
-                "reproduce.py", "reuse.py", "behaviour.py", "neumann_check.py")
+                "reproduce.py", "reuse.py", "behaviour.py", "neumann_check.py", "progress.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 
@@ -466,7 +466,7 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
     """
     if int(jobs) < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    from tqdm.auto import tqdm
+    from pflkit.progress import tqdm
 
     n_jobs = int(jobs)
     work = Path(work_dir or Path("runs") / "reproduce" / preset)

@@ -19,6 +19,9 @@ ABOVE_ALGORITHMS = ("pflkit.experiments", "pflkit.runner", "pflkit.report", "pfl
 
 # package (or module) prefix -> prefixes it must not import
 FORBIDDEN = {
+    # a leaf every layer may use: the progress bar
+    "pflkit.progress": ("pflkit.errors", "pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta",
+                        "pflkit.algorithms", "pflkit.config", "pflkit.io", *ABOVE_ALGORITHMS),
     "pflkit.errors": ("pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta", "pflkit.algorithms",
                       "pflkit.config", "pflkit.io", *ABOVE_ALGORITHMS),
     "pflkit.data": ("pflkit.fl", "pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from pflkit.progress import tqdm
 
 from pflkit.algorithms import hypernet as hn
 from pflkit.config import non_negative, one_of, positive, require

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tqdm.auto import tqdm
+from pflkit.progress import tqdm
 
 from .base import ENV_OFFLINE, cache_dir, offline
 from .provenance import NOTE_NAME

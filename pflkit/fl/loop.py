@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from pflkit.progress import tqdm
 
 from pflkit.config import to_dict
 from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
