@@ -12,14 +12,28 @@
 # ---
 
 # %% [markdown]
-# # pflkit on Flower: the same algorithms, a distributed engine
+# # pflkit on Flower: one algorithm, three engines (the quickstart experiment)
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/pflkit/pflkit/blob/main/notebooks/tutorials/01_flower.ipynb)
 #
+# **What you will learn**
+# - how an algorithm written as five pure phase functions runs unchanged on pflkit's loop and on
+#   [Flower](https://flower.ai)'s `ServerApp` / `ClientApp`, and why both give the same numbers;
+# - what travels between server and clients each round, in bytes, for FedAvg and for FedL2P;
+# - what a federation does when a client crashes, and how to start the same app on real machines.
+#
+# **Prerequisites**: [the quickstart](00_quickstart.ipynb) (the experiment run here). **Next**: the README's
+# "Running on Flower" (a SuperLink and SuperNodes on one machine, step by step), then
+# [FedL2P, the method](../fedl2p/01_method.ipynb).
+#
+# **Run time**: the table under the first code cell, from the committed batch's timings. By default
+# (`source = "results"`) the notebook shows the committed local run of the experiment
+# (`results/cpu/demo.json`): its table and what travelled each round, with no training and without Flower;
+# `source = "train"` runs the Flower engine here, beside pflkit's loop, and the crash of section 3.
+#
 # Every pflkit algorithm is five pure phase functions (`init`, `broadcast`, `client_update`, `aggregate`,
 # `evaluate`). pflkit's own loop calls them in one process; `pflkit.flower` calls the very same functions
-# inside [Flower](https://flower.ai)'s `ServerApp` and `ClientApp`, so an experiment can move from a notebook
-# to many machines without rewriting the algorithm:
+# inside Flower's apps, so an experiment moves from a notebook to many machines without a rewrite:
 #
 # | pflkit phase | where it runs on Flower |
 # |---|---|
@@ -29,17 +43,10 @@
 # | `evaluate` | the ClientApp's `evaluate` handler |
 # | client state (heads, masks, posteriors) | the node's `Context.state` |
 #
-# This notebook runs the quickstart experiment (FedAvg, then fine-tuning) three ways: pflkit's loop, a local
-# Flower run, and a Flower run where one client crashes. At the `smoke` preset the Flower run goes through
-# Flower's messages in this process (`backend="inprocess"`, no Ray: Ray's start-up alone takes longer than the
-# whole smoke run); at `cpu` and `paper` it is a real Flower simulation with one Ray actor per CPU.
-#
-# By default (`source = "results"`) the notebook shows the committed local run of the experiment
-# (`results/cpu/demo.json`): its table and what travelled each round, with no training and without Flower;
-# `source = "train"` runs the Flower engine here, beside pflkit's loop, and the crash of section 3.
-#
-# Where pflkit's defaults differ from the papers (and which option switches each): the fidelity ledger,
-# [docs/fidelity.md](../../docs/fidelity.md).
+# At the `smoke` preset the Flower run goes through Flower's messages in this process (`backend="inprocess"`,
+# no Ray: Ray's start-up alone takes longer than the whole smoke run); at `cpu` and `paper` it is a real Flower
+# simulation with one Ray actor per CPU. Where pflkit's defaults differ from the papers (and which option
+# switches each): the fidelity ledger, [docs/fidelity.md](../../docs/fidelity.md).
 
 # %% tags=["install"] cellView="form" jupyter={"source_hidden": true}
 #@title Install pflkit (Colab or a fresh machine; skipped where it is installed) { display-mode: "form" }
@@ -92,6 +99,7 @@ backend = None  # None: "inprocess" at the smoke preset, else "ray"
 results_dir = None  # results mode: the committed results' folder (None: the checkout's results/)
 
 # %%
+import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
@@ -101,7 +109,9 @@ session = setup(preset, out_dir, data_root=data_root, device=device, download=do
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)
 backend = backend or ("inprocess" if preset == "smoke" else "ray")
 cfg = session.resolve("demo")
-print(cfg.title, "|", session.dataset_label(cfg), "|", cfg.data.num_clients, "clients | Flower backend:", backend)
+display(Markdown(f"**{cfg.title}** on {session.dataset_label(cfg)}: {cfg.data.num_clients} clients"
+                 + (f"; Flower backend `{backend}`" if source == "train" else "")))
+session.run_times(["demo"])
 
 # %% [markdown]
 # ## 1. The same experiment on both engines
@@ -130,14 +140,42 @@ if source == "train":
 
 # %% [markdown]
 # ## 2. What travelled
-# Each history row records the tensor bytes sent down (server to clients) and up per round, and which clients
-# failed. Communication is one of the claims of these papers: FedL2P sends its meta-nets only (the pretrained
-# model once per node), pFedHN the target network only, FedSelect the shared part only.
+# Each history row records the tensor bytes sent down (server to clients) and up in that round, and which
+# clients failed. FedAvg (McMahan et al., 2017, Alg. 1) sends the model $w^t$ to each sampled client
+# $k \in S_t$ and averages what comes back, weighted by the clients' sample counts $n_k$:
+# $$w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{j \in S_t} n_j}\, w_k^{t+1},$$
+# so a round moves $|S_t| \cdot 4P$ bytes each way for a model of $P$ float32 parameters. Communication is one
+# of the claims of these papers: FedL2P sends the pretrained model and the meta-nets' parameters $\lambda$ down
+# (Alg. 1, line 5) and only each client's $\lambda_i$ up; pFedHN sends the target network only, FedSelect the
+# shared part only.
 
 # %%
 travel = pd.DataFrame(flower["rounds"]["Global"]["seed0"])
 travel[[c for c in ("round", "clients", "train_loss", "val_acc", "bytes_down", "bytes_up", "failed")
-        if c in travel]].round(4)
+        if c in travel]].head(5).round(4)
+
+# %% [markdown]
+# *Look for*: the slope of each line (the bytes of one round) and where it ends (the stage's total). The
+# fine-tuning stages (FT) send nothing: each client fine-tunes the global model it already holds.
+
+# %%
+from pflkit.report import readings
+from pflkit.report.figures import save_figure, use_style
+
+use_style()
+history = {stage: h["seed0"] for stage, h in flower["rounds"].items() if h.get("seed0")}
+fig, ax = plt.subplots(figsize=(6.4, 3.4))
+for stage, rows in history.items():
+    rows = pd.DataFrame(rows)
+    ax.plot(rows["round"], (rows["bytes_down"] + rows["bytes_up"]).cumsum() / 1e6,
+            marker="o" if len(rows) <= 12 else None, ms=4, label=stage)
+ax.set_xlabel("round")
+ax.set_ylabel("MB sent, down + up (cumulative)")
+ax.set_title(f"What travelled: {cfg.name} at preset {preset}")
+ax.legend(title="stage")
+save_figure(fig, session.figure("flower_communication.png"))
+plt.show()
+display(Markdown(readings.communication_reading(history)))
 
 # %% [markdown]
 # ## 3. A client that crashes
@@ -187,3 +225,29 @@ else:
 # Outside a trusted network use TLS (`--ssl-certfile`/`--ssl-keyfile` on the SuperLink, `--root-certificates` on
 # the SuperNodes, no `--insecure`) and node authentication (`--enable-supernode-auth`,
 # `--auth-supernode-private-key`); the README's "Running on Flower" shows all of it on one machine.
+
+# %% [markdown]
+# ## Takeaways
+# Generated from the run above.
+
+# %%
+failed = readings.failed_clients(history)
+display(Markdown(
+    "- The algorithm is the same code on both engines: the ServerApp samples clients with pflkit's sampler and "
+    "seeds, so a Flower run reproduces the loop's table (checked in `tests/flower/` in-process and by `.ci/run`'s "
+    "deployment test with real processes).\n"
+    + readings.communication_takeaway(history) + "\n"
+    + (f"- Clients that failed in this run: {failed}." if failed else
+       "- No client failed in this run; section 3 (with `source = \"train\"`) shows a round that loses one.")))
+
+# %% [markdown]
+# ## Exercises
+# 1. **Two engines, one table.** Set `preset = "smoke"` and `source = "train"` (seconds). Compare the loop's and
+#    Flower's accuracies in the table of section 1: in which digit, if any, do they differ, and why may they
+#    (float summation order)? The reference is `tests/flower/`'s record comparison.
+# 2. **A late client.** In section 3 replace `"raise"` by `"sleep:5"` and pass `timeout=2` to `run_flower`
+#    (its docstring gives the fault syntax). Which rounds name the client now, and does Global's accuracy
+#    move against section 1?
+# 3. **Real processes.** Follow section 4 on one machine with two terminals per node (the README's "Running on
+#    Flower" gives the exact commands) and compare the run's `results.json` with `runs/flower`'s: the
+#    deployment test asserts they are equal.

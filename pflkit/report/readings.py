@@ -166,3 +166,51 @@ def sparsity_reading(analysis: dict, label: str) -> str:
         return f"{label}: no learning rate is 0 on any client (sparsity 0): every layer is fine-tuned."
     return (f"{label}: on average {np.mean(v):.2f} of the parameters are frozen (η = 0), from {min(v):.2f} to "
             f"{max(v):.2f} over {len(v)} clients.")
+
+
+def _traffic(history: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per stage with rounds: rounds, clients per round, bytes per client down / up (mean), total MB."""
+    out = {}
+    for stage, rows in history.items():
+        if not rows:
+            continue
+        clients = np.array([max(int(r.get("clients") or 0), 1) for r in rows], dtype=float)
+        down = np.array([r.get("bytes_down") or 0 for r in rows], dtype=float)
+        up = np.array([r.get("bytes_up") or 0 for r in rows], dtype=float)
+        out[stage] = {"rounds": len(rows), "clients": float(clients.mean()),
+                      "down": float((down / clients).mean()), "up": float((up / clients).mean()),
+                      "total_mb": float((down + up).sum() / 1e6),
+                      "failed": sorted({int(c) for r in rows for c in (r.get("failed") or [])})}
+    return out
+
+
+def communication_reading(history: dict[str, list[dict]]) -> str:
+    """What each federated stage sent per client and round and in all, from its history rows
+    (``{stage: [{"round", "clients", "bytes_down", "bytes_up", ...}, ...]}``)."""
+    lines = []
+    for stage, t in _traffic(history).items():
+        lines.append(f"- **{stage}**: {t['rounds']} rounds of {t['clients']:.0f} clients; per client and round "
+                     f"{t['down'] / 1e3:,.1f} kB down ({t['down'] / 4:,.0f} float32 values) and "
+                     f"{t['up'] / 1e3:,.1f} kB up; {t['total_mb']:.2f} MB in all.")
+    return "\n".join(lines) if lines else "No stage of this run has federated rounds."
+
+
+def communication_takeaway(history: dict[str, list[dict]], base: str = "Global") -> str:
+    """One bullet comparing every stage's total traffic with ``base``'s (FedAvg's), from the history rows."""
+    t = _traffic(history)
+    if base not in t or len(t) < 2:
+        return "- " + communication_reading(history).lstrip("- ")
+    parts = []
+    for stage, s in t.items():
+        if stage == base:
+            continue
+        per_round = (s["down"] + s["up"]) / (t[base]["down"] + t[base]["up"])
+        parts.append(f"{stage} sent {s['total_mb']:.2f} MB in {s['rounds']} rounds "
+                     f"({s['total_mb'] / t[base]['total_mb']:.0%} of {base}'s {t[base]['total_mb']:.2f} MB in "
+                     f"{t[base]['rounds']}), {per_round:.1f}x {base}'s bytes per client and round")
+    return "- " + "; ".join(parts) + "."
+
+
+def failed_clients(history: dict[str, list[dict]]) -> list[int]:
+    """The clients any round of any stage lists as failed, sorted."""
+    return sorted({c for t in _traffic(history).values() for c in t["failed"]})
