@@ -145,9 +145,11 @@ if source == "train":
 # $k \in S_t$ and averages what comes back, weighted by the clients' sample counts $n_k$:
 # $$w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{j \in S_t} n_j}\, w_k^{t+1},$$
 # so a round moves $|S_t| \cdot 4P$ bytes each way for a model of $P$ float32 parameters. Communication is one
-# of the claims of these papers: FedL2P sends the pretrained model and the meta-nets' parameters $\lambda$ down
-# (Alg. 1, line 5) and only each client's $\lambda_i$ up; pFedHN sends the target network only, FedSelect the
-# shared part only.
+# of the claims of these papers. FedL2P's Alg. 1 (line 5) sends the pretrained model $\theta_g$ and the
+# meta-nets' parameters $\lambda$ down every round and each client's $\lambda_i$ up; pflkit's loop counts
+# both every round, while on Flower a node keeps $\theta_g$ after its first message and then receives a version
+# token in its place, so a Flower run's rows show the model once per node. pFedHN sends the target network
+# only, FedSelect the shared part only.
 
 # %%
 travel = pd.DataFrame(flower["rounds"]["Global"]["seed0"])
