@@ -141,7 +141,7 @@ if source == "train":
 # %% [markdown]
 # ## 2. What travelled
 # Each history row records the tensor bytes sent down (server to clients) and up in that round, and which
-# clients failed. FedAvg (McMahan et al., 2017, Alg. 1) sends the model $w^t$ to each sampled client
+# clients failed (the table shows the rounds that also validated the model). FedAvg (McMahan et al., 2017, Alg. 1) sends the model $w^t$ to each sampled client
 # $k \in S_t$ and averages what comes back, weighted by the clients' sample counts $n_k$:
 # $$w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{j \in S_t} n_j}\, w_k^{t+1},$$
 # so a round moves $|S_t| \cdot 4P$ bytes each way for a model of $P$ float32 parameters. Communication is one
@@ -153,8 +153,9 @@ if source == "train":
 
 # %%
 travel = pd.DataFrame(flower["rounds"]["Global"]["seed0"])
-travel[[c for c in ("round", "clients", "train_loss", "val_acc", "bytes_down", "bytes_up", "failed")
-        if c in travel]].head(5).round(4)
+validated = travel[travel["val_acc"].notna()] if "val_acc" in travel else travel  # the rounds that validated
+validated[[c for c in ("round", "clients", "train_loss", "val_acc", "bytes_down", "bytes_up", "failed")
+           if c in travel]].head(8).round(4)
 
 # %% [markdown]
 # *Look for*: the slope of each line (the bytes of one round) and where it ends (the stage's total). The
