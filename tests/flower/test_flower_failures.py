@@ -180,3 +180,46 @@ def test_a_node_that_dies_is_named_with_flowers_reason_and_its_restart_takes_the
     assert b1["failed"] == [3] and "Node Unavailable" in b1["failures"]["3"]
     assert b2["failed"] == [] and b2["completed"] == 4 and b2.get("val_failed", []) == []
     assert results["methods"]["FedAvg B"]["status"] == "ok"
+
+
+def fedselect_with_a_restart(tmp_path, monkeypatch, node_config: dict) -> dict:
+    """FedSelect (each client keeps its mask: a client state), every client in every round, on in-process
+    nodes with ``node_config``; partition 3's node dies and a new one (new node id, the same node config,
+    an empty context: a new process) starts between rounds 1 and 2, so no message is lost, only memory."""
+    select = {"algorithm": "fedselect", "rounds": 2, "fraction": 1.0, "local_epochs": 1, "ltn_iterations": 1,
+              "ltn_epochs": 1, "batch_size": 16}
+    cfg = experiment(methods=["FedSelect"], extra={"FedSelect": select})
+    real, swaps = PflkitStrategy.train, []
+
+    def train(self, state, ids, env):
+        if self.header["stage"] == "FedSelect" and env.round == 1:
+            swaps.append((self.grid.kill(3), self.grid.restart(3)))
+        return real(self, state, ids, env)
+
+    client, sink = build_client_app(), {}
+    grid = LocalGrid(client, 4, seed=5, node_config=node_config)
+    # "client-state-dir": "": as on a deployment, only the node's own state-dir keeps states on disk
+    settings = settings_for(cfg, out=str(tmp_path / "flower"), **{"client-state-dir": ""})
+    with monkeypatch.context() as m:
+        m.setattr(PflkitStrategy, "train", train)
+        run_inprocess(build_server_app(settings, sink), client, 4, grid=grid)
+    (old, new), = swaps
+    assert new != old and grid.node_of(3) == new
+    return cfg, sink["results"]
+
+
+def test_a_restarted_node_reads_its_clients_state_back_from_its_state_folder(tmp_path, monkeypatch):
+    """With a node state folder the restarted node finds client 3's FedSelect mask there: the run has the
+    local loop's numbers (no failure); without one, client 3 fails for the lost state (not a fresh start)."""
+    from pflkit.runner import run_experiment
+    from tests.flower.helpers_flower import assert_same_run
+
+    cfg, results = fedselect_with_a_restart(tmp_path / "kept", monkeypatch, {"state-dir": str(tmp_path / "states")})
+    assert any((tmp_path / "states").rglob("client3/cs@*.pt"))  # the folder the new node read
+    loop = run_experiment(cfg, tmp_path / "loop", progress=False)
+    assert_same_run(loop, results, "FedSelect")
+
+    _, lost = fedselect_with_a_restart(tmp_path / "lost", monkeypatch, {})
+    r1, r2 = lost["rounds"]["FedSelect"]["seed0"]
+    assert r1["failed"] == [] and r2["failed"] == [3]
+    assert "has no state of stage 'FedSelect'" in r2["failures"]["3"]
