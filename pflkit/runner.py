@@ -307,13 +307,27 @@ def run_seed(cfg: ExperimentConfig, dataset, seed: int, out: Path, resume: bool,
     env = make_env(cfg, fed, seed, engine)
     records: dict[str, dict] = {}
     pretrained = None
-    if cfg.pretrain is not None:
-        resume = resume and not _retry(seed_dir, cfg.pretrain)
-        records[cfg.pretrain.label], pretrained = run_pretrain(cfg, fed, env, pre, seed_dir, resume, progress, train)
-    for stage in cfg.methods:
-        resume = resume and not _retry(seed_dir, stage)
-        records[stage.label] = _run_method(cfg, stage, fed, env, pretrained, seed_dir, resume, progress, train)
+    stages = ([cfg.pretrain] if cfg.pretrain is not None else []) + list(cfg.methods)
+    for k, stage in enumerate(stages):
+        if resume and _retry(seed_dir, stage):
+            _forget(seed_dir, stages[k:])
+            resume = False
+        if stage is cfg.pretrain:
+            records[stage.label], pretrained = run_pretrain(cfg, fed, env, pre, seed_dir, resume, progress, train)
+        else:
+            records[stage.label] = _run_method(cfg, stage, fed, env, pretrained, seed_dir, resume, progress, train)
     return records, {"seen": fed.seen_ids, "unseen": fed.unseen_ids}
+
+
+def _forget(seed_dir: Path, stages) -> None:
+    """Delete what an earlier run wrote for ``stages`` (records, reports, weights, checkpoints, kept states):
+    they are trained again, and a run stopped during that retry must not read the old records back as
+    finished on its next resume (they came from the weights of the stage being retried)."""
+    for stage in stages:
+        for folder in (seed_dir, seed_dir / "pretrain"):
+            for path in folder.glob(f"{slug(stage.label)}.*"):
+                if path.is_file():
+                    path.unlink()
 
 
 def _retry(seed_dir: Path, stage: StageConfig) -> bool:

@@ -61,3 +61,39 @@ def test_a_resumed_incomplete_stage_reads_back_without_arithmetic_on_null(tmp_pa
     assert glob["status"] == "incomplete" and glob["per_client"][0][2] is None
     assert all(isinstance(a, float) for i, a in enumerate(glob["per_client"][0]) if i != 2)
     assert (tmp_path / "results.json").exists()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stopping_at(label: str, calls: list):
+    """An engine that records its stages and stops the run (as a kill would) when it reaches ``label``."""
+    def train(algo, cfg, fed, model, env, **kwargs):
+        calls.append(kwargs.get("label"))
+        if kwargs.get("label") == label:
+            raise _Stop(label)
+        return train_locally(algo, cfg, fed, model, env, **kwargs)
+    return train
+
+
+def test_a_retry_stopped_midway_leaves_no_old_record_to_read_back(tmp_path):
+    """Global left incomplete; its retry is stopped at FT (BN I): the next resume must train FT (BN I) and
+    FedL2P (whose old records came from the old Global's weights), not read them back as finished."""
+    cfg = resolve("demo", "smoke", ["pretrain.rounds=1", "methods.FedL2P.rounds=1"])
+    clean = run_experiment(cfg, tmp_path / "clean", progress=False, engine="sequential")
+    out = tmp_path / "cut"
+    run_experiment(cfg, out, progress=False, engine="sequential", train=_dropping_client("Global", 2))
+    assert (out / "seed0" / "fedl2p.json").exists()  # every later stage finished on the incomplete Global
+    calls: list = []
+    try:
+        run_experiment(cfg, out, progress=False, engine="sequential", resume=True,
+                       train=_stopping_at("FT (BN I)", calls))
+    except _Stop:
+        pass
+    assert calls == ["Global", "FT (BN C)", "FT (BN G)", "FT (BN I)"]
+    assert not (out / "seed0" / "fedl2p.json").exists()  # the old record is gone, not left to be read back
+    calls.clear()
+    resumed = run_experiment(cfg, out, progress=False, engine="sequential", resume=True, train=_recording(calls))
+    assert calls == ["FT (BN I)", "FedL2P"]
+    assert resumed["status"] == "ok" and _numbers(resumed) == _numbers(clean)
