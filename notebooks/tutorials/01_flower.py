@@ -83,7 +83,7 @@ if not installed:
 import importlib.util
 
 if importlib.util.find_spec("flwr") is None:  # also in results mode: a Colab reader may switch to train
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "flwr[simulation]>=1.41"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "flwr[simulation]>=1.42"], check=True)
 
 # %% tags=["parameters"]
 preset = "cpu"  # smoke: seconds, meaningless numbers; cpu: the committed results; paper
