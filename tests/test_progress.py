@@ -3,6 +3,7 @@ import importlib
 import importlib.util
 import warnings
 
+import pytest
 import tqdm.std
 
 import pflkit.progress
@@ -31,7 +32,6 @@ def test_without_ipywidgets_the_text_bar_is_chosen_and_nothing_warns(monkeypatch
 
 def test_with_ipywidgets_tqdm_auto_decides(monkeypatch):
     if importlib.util.find_spec("ipywidgets") is None:
-        import pytest
         pytest.skip("ipywidgets is not installed here")
     import tqdm.auto
     mod = _reload_with_ipywidgets(monkeypatch, present=True)

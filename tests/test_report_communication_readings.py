@@ -27,3 +27,9 @@ def test_takeaway_compares_with_global():
 def test_failed_clients_are_collected_over_stages():
     assert readings.failed_clients(HISTORY) == [3]
     assert readings.failed_clients({"Global": _rows(3, 2, 1, 1)}) == []
+
+
+def test_takeaway_without_a_comparison_falls_back_to_the_bullets():
+    only = {"Global": _rows(4, 5, 400, 400)}
+    assert readings.communication_takeaway(only) == readings.communication_reading(only)
+    assert readings.communication_takeaway({"FT (BN C)": []}) == "- No stage of this run has federated rounds."

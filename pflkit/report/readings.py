@@ -198,8 +198,8 @@ def communication_reading(history: dict[str, list[dict]]) -> str:
 def communication_takeaway(history: dict[str, list[dict]], base: str = "Global") -> str:
     """One bullet comparing every stage's total traffic with ``base``'s (FedAvg's), from the history rows."""
     t = _traffic(history)
-    if base not in t or len(t) < 2:
-        return "- " + communication_reading(history).lstrip("- ")
+    if base not in t or len(t) < 2:  # nothing to compare with: the per-stage bullets (or the one sentence)
+        return communication_reading(history) if t else f"- {communication_reading(history)}"
     parts = []
     for stage, s in t.items():
         if stage == base:
