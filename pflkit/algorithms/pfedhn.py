@@ -488,9 +488,12 @@ def pfedhn_report(state, fed: Federation, cfg, env, client_states) -> dict | Non
     otherwise: no report file, so a stage that asks for nothing leaves what it always left).
 
     ``embedding``: each client's v_i (`embeddings`), 5 significant digits; ``mix_and_match``: row i is
-    client i's test accuracy with client j's generated extractor and its own head (`mix_and_match`, in %).
+    client i's test accuracy with client j's generated extractor and its own head (`mix_and_match`, in %);
+    ``classes``: the classes of each client's train split (the figures' client labels).
     """
     out: dict = {}
+    if cfg.report_embeddings or cfg.report_mix_and_match:
+        out["classes"] = [[int(c) for c in np.flatnonzero(h)] for h in fed.histograms("train")]
     if cfg.report_embeddings:
         out["embedding"] = [[float(f"{x:.5g}") for x in row] for row in embeddings(state).tolist()]
     if cfg.report_mix_and_match:
