@@ -489,11 +489,19 @@ def pfedhn_report(state, fed: Federation, cfg, env, client_states) -> dict | Non
 
     ``embedding``: each client's v_i (`embeddings`), 5 significant digits; ``mix_and_match``: row i is
     client i's test accuracy with client j's generated extractor and its own head (`mix_and_match`, in %);
-    ``classes``: the classes of each client's train split (the figures' client labels).
+    ``classes``: the classes of each client's train split, with ``class_names`` when there are at most 100;
+    ``groups`` / ``group_names``: each client's value of a grouping key of the data (Omniglot's alphabet) and
+    the names of those values (the figures' labels and colours in results mode).
     """
     out: dict = {}
     if cfg.report_embeddings or cfg.report_mix_and_match:
         out["classes"] = [[int(c) for c in np.flatnonzero(h)] for h in fed.histograms("train")]
+        if len(fed.meta.class_names) <= 100:
+            out["class_names"] = list(fed.meta.class_names)
+        keys = [k for k in fed.meta.group_names if all(k in c.info for c in fed.clients)]
+        if keys:
+            out["groups"] = {k: [fed.clients[i].info[k] for i in range(fed.num_clients)] for k in keys}
+            out["group_names"] = {k: list(fed.meta.group_names[k]) for k in keys}
     if cfg.report_embeddings:
         out["embedding"] = [[float(f"{x:.5g}") for x in row] for row in embeddings(state).tolist()]
     if cfg.report_mix_and_match:
