@@ -9,6 +9,8 @@ from pflkit.experiments import resolve
 from pflkit.report.compact import analysis
 from pflkit.runner import run_experiment
 
+pytestmark = pytest.mark.needs_data(experiments=["pfedhn_fig3_mixmatch"])
+
 
 def test_mix_and_match_needs_personal_heads_and_says_so_before_training():
     with pytest.raises(ConfigError, match="report_mix_and_match=True"):
