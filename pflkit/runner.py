@@ -200,8 +200,9 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
                    resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None, label=stage.label)
     record = _stage_record(result)
     if algo.report is not None and keeps_a_state(result) and result.client_states is not None:
-        write_json(seed_dir / f"{slug(stage.label)}.report.json",
-                   algo.report(result.state, fed, stage.config, env, result.client_states))
+        report = algo.report(result.state, fed, stage.config, env, result.client_states)
+        if report is not None:  # an algorithm may report only when its config asks (pFedHN's arrays)
+            write_json(seed_dir / f"{slug(stage.label)}.report.json", report)
     if algo.exports_global and result.status != "diverged":
         save_torch(seed_dir / f"{slug(stage.label)}.weights.pt", algo.global_model(result.state))
     write_json(done, record)

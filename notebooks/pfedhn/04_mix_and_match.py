@@ -144,15 +144,26 @@ if source == "train":
     plt.show()
     display(Markdown(report.mix_and_match_reading(acc)))
 else:
-    report.show_figure(
-        report.committed_figure("mix_and_match.png", session.results_dir),
-        f"*The committed figure* `figures/pfedhn/mix_and_match.png`, made by this notebook with "
-        f"`source=\"train\"` at preset cpu, seed 0: its own pFedHN-PC run with the committed file's settings, not "
-        f"the committed row above (`figures/pfedhn/README.md` gives that run's accuracy). The compact result keeps "
-        f"accuracies, not the trained extractors, so it cannot be drawn from `results/` here; "
-        f"`source=\"train\"` redraws it (training pFedHN-PC took the batch {session.training_time(name)}).",
-        f"This figure needs pFedHN-PC's trained extractors, which the compact result does not keep: set "
-        f"`source=\"train\"` (training took the committed batch {session.training_time(name)}).")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from pflkit.report.figures import save_figure
+
+    kept = committed.get("analysis", {}).get("pFedHN-PC", {}).get("seeds", [])
+    if kept and "mix_and_match" in kept[0]:
+        arrays = kept[0]
+        acc = np.asarray(arrays["mix_and_match"], dtype=float) / 100  # stored in %, the figure reads fractions
+        names = arrays.get("class_names")
+        labels = [" / ".join(names[c] if names else str(c) for c in cls) for cls in arrays["classes"]]
+        fig = report.plot_mix_and_match(acc, labels, f"pFedHN-PC mix-and-match (Fig. 3), "
+                                                     f"{session.dataset_label(committed)}, preset {preset}")
+        save_figure(fig, session.figure("mix_and_match.png"))
+        plt.show()
+        display(Markdown(report.mix_and_match_reading(acc)))
+    else:
+        display(Markdown(f"The committed result of `{name}` keeps no mix-and-match matrix (it predates "
+                         "`report_mix_and_match`): rerun it with `pflkit reproduce --only " + name + "`, or set "
+                         f"`source=\"train\"` (training took the committed batch {session.training_time(name)})."))
 
 # %% [markdown]
 # ## Takeaways

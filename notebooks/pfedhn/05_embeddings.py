@@ -153,15 +153,35 @@ if source == "train":
     plt.show()
     display(Markdown(report.embedding_reading(measured, group)))
 else:
-    report.show_figure(
-        report.committed_figure("embeddings_tsne.png", session.results_dir),
-        "*The committed figure* `figures/pfedhn/embeddings_tsne.png`, made by this notebook with "
-        "`source=\"train\"` at preset cpu, seed 0 (see `figures/pfedhn/README.md`); its title gives the "
-        "nearest-neighbour agreement and silhouette measured on the embeddings. The compact result keeps "
-        "accuracies, not the embeddings, so this cannot be drawn from `results/` here; `source=\"train\"` redraws "
-        f"it (training pFedHN took the batch {session.training_time(name)}).",
-        "This figure needs pFedHN's trained embeddings, which the compact result does not keep: set "
-        f"`source=\"train\"` (training took the committed batch {session.training_time(name)}).")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from pflkit.analysis.embeddings import embedding_report, tsne_2d
+    from pflkit.report.figures import save_figure
+
+    kept = committed.get("analysis", {}).get("pFedHN", {}).get("seeds", [])
+    if kept and "embedding" in kept[0]:
+        arrays = kept[0]
+        emb = np.asarray(arrays["embedding"], dtype=float)
+        group = "alphabet" if "alphabet" in arrays.get("groups", {}) else "class"
+        if group == "alphabet":
+            groups, names = np.asarray(arrays["groups"]["alphabet"]), arrays["group_names"]["alphabet"]
+        else:  # one class per client (the digits stand-in): the class is the group
+            groups = np.asarray([cls[0] for cls in arrays["classes"]])
+            names = arrays.get("class_names") or [str(c) for c in range(int(groups.max()) + 1)]
+        measured = embedding_report(emb, groups)
+        print(f"pFedHN on {session.dataset_label(committed)}: {len(emb)} clients in {len(np.unique(groups))} "
+              f"groups, embedding dim {emb.shape[1]} (the committed embeddings, 5 significant digits)")
+        fig = report.plot_tsne(tsne_2d(emb, seed=seed), groups, names,
+                               f"t-SNE of pFedHN's client embeddings (Fig. 4), {session.dataset_label(committed)}, "
+                               f"preset {preset}", group=group)
+        save_figure(fig, session.figure("embeddings_tsne.png"))
+        plt.show()
+        display(Markdown(report.embedding_reading(measured, group)))
+    else:
+        display(Markdown(f"The committed result of `{name}` keeps no embeddings (it predates `report_embeddings`): "
+                         f"rerun it with `pflkit reproduce --only {name}`, or set `source=\"train\"` (training took "
+                         f"the committed batch {session.training_time(name)})."))
 
 # %% [markdown]
 # ## Takeaways
@@ -176,7 +196,7 @@ else:
 # %% [markdown]
 # ## Exercises
 # 1. **Another seed.** Set `source = "train"`, `seed = 1`: does the nearest-neighbour agreement stay well above
-#    chance? The reference is the committed figure's title (`figures/pfedhn/embeddings_tsne.png`).
+#    chance? The reference is the reading under the figure in results mode (the committed embeddings).
 # 2. **The stand-in.** Set `source = "train"`, `standin = True`: one digit per client. Are the groups easier to
 #    separate than alphabets, and why (how different are the clients' label sets)?
 # 3. **Smoke.** Set `preset = "smoke"`, `source = "train"`: with almost no training, how close to chance is

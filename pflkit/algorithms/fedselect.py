@@ -86,10 +86,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.config import fraction, one_of, require
+from pflkit.config import OMIT_DEFAULT, fraction, one_of, require
 from pflkit.fl.aggregate import masked_mean, weighted_mean
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
+from pflkit.models.introspect import head_param_names
 
 Mask = dict[str, torch.Tensor]  # parameter name -> bool tensor of its shape
 ALT_EPOCHS = {"pass", "pair"}  # what one LocalAlt epoch is (`alt_schedule`)
@@ -136,6 +137,8 @@ class FedSelectConfig(ExchangeConfig):
         schedule: ``"gradltn"`` (Alg. 1 each round) or ``"rounds"`` (the authors' code:
             the personal mask persists and grows across rounds; module docstring).
         target: ``"rounds"`` only: personal share of the eligible entries where growth stops.
+        report_head_iou: the report also keeps Fig. 1's matrix, the IoU of every pair of clients' personal
+            masks in the final linear layer, and each client's personal share there (`mask_report`).
     """
 
     alt_epoch: str = "pass"
@@ -147,6 +150,7 @@ class FedSelectConfig(ExchangeConfig):
     ranking: str = "global"
     schedule: str = "gradltn"
     target: float = 0.8
+    report_head_iou: bool = field(default=False, metadata=OMIT_DEFAULT)  # off: the report as before
 
     def __post_init__(self):
         super().__post_init__()
@@ -488,8 +492,27 @@ def mask_report(state, fed, cfg, env, client_states) -> dict:
             union = int((masks[a] | masks[b]).sum())
             pairs.append(1.0 if union == 0 else int((masks[a] & masks[b]).sum()) / union)
     share = {j: float(m.float().mean()) for j, m in zip(ids, masks)}
-    return {"personal_share": [share.get(j) for j in range(fed.num_clients)],
-            "mask_iou": float(np.mean(pairs)) if pairs else None}
+    out = {"personal_share": [share.get(j) for j in range(fed.num_clients)],
+           "mask_iou": float(np.mean(pairs)) if pairs else None}
+    if getattr(cfg, "report_head_iou", False):
+        travel = client_states[ids[0]]["travel"] if ids else {}
+        out.update(_head_iou(client_states, ids, [n for n in head_param_names(env.model_fn()) if n in travel]))
+    return out
+
+
+def _head_iou(client_states: dict, ids: list[int], head: list[str]) -> dict:
+    """Fig. 1: ``head_mask_iou``, the (n, n) IoU of the trained clients' personal masks over the final linear
+    layer's entries (rows and columns in client order, 1 on the diagonal, 4 decimals), and
+    ``head_personal_share``, each client's personal share of those entries (the keys
+    `pflkit.report.fedselect.stored_head_iou` reads)."""
+    masks = [torch.cat([(~client_states[j]["travel"][n]).flatten().cpu() for n in head]) for j in ids]
+    iou = np.ones((len(ids), len(ids)))
+    for a in range(len(ids)):
+        for b in range(a + 1, len(ids)):
+            union = int((masks[a] | masks[b]).sum())
+            iou[a, b] = iou[b, a] = 1.0 if union == 0 else int((masks[a] & masks[b]).sum()) / union
+    return {"head_mask_iou": np.round(iou, 4).tolist(),
+            "head_personal_share": [round(float(m.float().mean()), 4) for m in masks]}
 
 
 def finish_update(model, client, personal: Mask, loss: float, cfg) -> tuple[Update, dict]:

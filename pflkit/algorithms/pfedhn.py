@@ -44,7 +44,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,7 @@ import torch
 from pflkit.progress import tqdm
 
 from pflkit.algorithms import hypernet as hn
-from pflkit.config import non_negative, one_of, positive, require
+from pflkit.config import OMIT_DEFAULT, non_negative, one_of, positive, require
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
 from pflkit.fl.federation import Federation, contiguous_group
 from pflkit.fl.loop import StageResult, run_rounds
@@ -94,6 +94,9 @@ class PFedHNConfig(FLConfig):
             gradient clipped at server_max_grad_norm.
         checkpoint_every: 20 server steps (one step is one client visit of ~1 s on a CPU, while the
             hypernetwork and its momentum are ~200 MB for a LeNet target).
+        report_embeddings, report_mix_and_match: what the stage's report keeps for the figures that need
+            more than accuracies (`pfedhn_report`): the client embeddings (Fig. 4's t-SNE) and, for
+            pFedHN-PC, the mix-and-match accuracy matrix (Fig. 3; n^2 evaluations). Both off: no report.
     """
 
     rounds: int = 5000
@@ -129,10 +132,15 @@ class PFedHNConfig(FLConfig):
     novel_window: int = 20
     novel_rounds: int = 0
     checkpoint_every: int = 20
+    # what the stage's report keeps for the figures (`pfedhn_report`); off: no report, as before
+    report_embeddings: bool = field(default=False, metadata=OMIT_DEFAULT)
+    report_mix_and_match: bool = field(default=False, metadata=OMIT_DEFAULT)
 
     def __post_init__(self):
         super().__post_init__()
         require(self.local_steps >= 1, "local_steps", self.local_steps, "pFedHN needs K >= 1 local steps")
+        require(self.personal_classifier or not self.report_mix_and_match, "report_mix_and_match",
+                self.report_mix_and_match, "mix and match needs pFedHN-PC's personal heads (personal_classifier)")
         one_of("server_optimizer", self.server_optimizer, {"sgd", "adam"})
         positive("server_lr", self.server_lr)
         non_negative("server_momentum", self.server_momentum)
@@ -475,10 +483,37 @@ def evaluate_generated(view, client, client_state, cfg, env, split):
     return evaluate_model(model, client, split, device=env.device)
 
 
+def pfedhn_report(state, fed: Federation, cfg, env, client_states) -> dict | None:
+    """The arrays Fig. 3 and Fig. 4 draw, per client in client order, when the config asks for them (None
+    otherwise: no report file, so a stage that asks for nothing leaves what it always left).
+
+    ``embedding``: each client's v_i (`embeddings`), 5 significant digits; ``mix_and_match``: row i is
+    client i's test accuracy with client j's generated extractor and its own head (`mix_and_match`, in %);
+    ``classes``: the classes of each client's train split, with ``class_names`` when there are at most 100;
+    ``groups`` / ``group_names``: each client's value of a grouping key of the data (Omniglot's alphabet) and
+    the names of those values (the figures' labels and colours in results mode).
+    """
+    out: dict = {}
+    if cfg.report_embeddings or cfg.report_mix_and_match:
+        out["classes"] = [[int(c) for c in np.flatnonzero(h)] for h in fed.histograms("train")]
+        if len(fed.meta.class_names) <= 100:
+            out["class_names"] = list(fed.meta.class_names)
+        keys = [k for k in fed.meta.group_names if all(k in c.info for c in fed.clients)]
+        if keys:
+            out["groups"] = {k: [fed.clients[i].info[k] for i in range(fed.num_clients)] for k in keys}
+            out["group_names"] = {k: list(fed.meta.group_names[k]) for k in keys}
+    if cfg.report_embeddings:
+        out["embedding"] = [[float(f"{x:.5g}") for x in row] for row in embeddings(state).tolist()]
+    if cfg.report_mix_and_match:
+        acc = mix_and_match(state, client_states or {}, fed, cfg, env)
+        out["mix_and_match"] = [[round(100.0 * a, 4) for a in row] for row in acc.tolist()]
+    return out or None
+
+
 PFEDHN = Algorithm(
     name="pfedhn", label="pFedHN", config=PFedHNConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
-    eval_view=broadcast, eval_from_view=evaluate_generated, vectorizable=True,
+    eval_view=broadcast, eval_from_view=evaluate_generated, vectorizable=True, report=pfedhn_report,
 )
 
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)
@@ -500,4 +535,4 @@ def mix_and_match(state, client_states: dict, fed: Federation, cfg, env, split: 
 
 __all__ = ["PFEDHN", "PFEDHN_PC", "PFedHNConfig", "PFedHNPCConfig", "budget_group", "class_proportions",
            "client_model", "embeddings", "fit_novel_clients", "fit_novel_embedding", "generate", "mix_and_match",
-           "novel_client_algorithm", "personal_model"]
+           "novel_client_algorithm", "personal_model", "pfedhn_report"]
