@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ConfigError, coerce, from_dict, one_of, parse_override, require, to_dict
+from pflkit.config import OMIT_DEFAULT, ConfigError, coerce, from_dict, one_of, parse_override, require, to_dict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -102,6 +102,9 @@ class DataConfig:
     task: str = "label"
     augment: str = "none"
     unseen_clients: int = 0
+    # which clients are unseen: "random" (drawn from the seed, FedL2P sec. 4.3) or "last" (the last ones, pFedHN
+    # sec. 5.3, whose novel clients are partitioned with their own alpha at the end of the list)
+    unseen_pick: str = field(default="random", metadata=OMIT_DEFAULT)
 
     def __post_init__(self):
         from pflkit.data.partition import PARTITIONS
@@ -111,6 +114,7 @@ class DataConfig:
         require(self.num_clients >= 1, "data.num_clients", self.num_clients, "must be >= 1")
         require(0 <= self.unseen_clients < self.num_clients, "data.unseen_clients", self.unseen_clients,
                 "must be in [0, data.num_clients)")
+        one_of("data.unseen_pick", self.unseen_pick, {"random", "last"})
         one_of("data.split", self.split, {"pool", "paired"})
         one_of("data.task", self.task, {"label", "superclass"})
         one_of("data.augment", self.augment, set(AUGMENTS))

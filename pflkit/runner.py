@@ -198,6 +198,11 @@ def _run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume
     algo = get_algorithm(stage.algorithm)
     result = train(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
                    resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None, label=stage.label)
+    if fed.unseen_ids and algo.fit_unseen is not None and result.status == "ok":
+        result = algo.fit_unseen(result, fed, stage.config, env)  # pFedHN's novel clients (sec. 5.3)
+        kept = seed_dir / f"{slug(stage.label)}{FINAL_STATES}"
+        if kept.exists():  # `keeping_states` saved the states before the fit: keep the ones tested
+            save_torch(kept, {"state": result.state, "client_states": result.client_states})
     record = _stage_record(result)
     if algo.report is not None and keeps_a_state(result) and result.client_states is not None:
         report = algo.report(result.state, fed, stage.config, env, result.client_states)
@@ -662,6 +667,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
             raise ConfigError(f"pretrain.data: the {engine} engine cannot build the pretraining stage's own "
                               "federation yet; run this experiment with the pflkit engine")
         own = [m.label for m in cfg.methods if getattr(m, "extra_dict", dict)()]
+        unseen_fit = [m.label for m in cfg.methods if get_algorithm(m.algorithm).fit_unseen is not None]
+        if engine == "flower" and cfg.data.unseen_clients and unseen_fit:
+            raise ConfigError(f"data.unseen_clients={cfg.data.unseen_clients}: the {engine} engine cannot fit "
+                              f"{unseen_fit[0]}'s unseen clients yet; run this experiment with the pflkit engine")
         if engine == "flower" and own:
             raise ConfigError(f"methods.{own[0]}: the {engine} engine cannot train a method on a client group, "
                               "with its own model or from another method yet; run it with the pflkit engine")

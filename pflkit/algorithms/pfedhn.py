@@ -226,7 +226,7 @@ def init(model, fed, cfg, env) -> dict:
     """Server state: the hypernetwork (spec + tensors), its optimizer state, the embedding row of each client."""
     targets = _targets(model, fed, cfg)
     fixed = class_proportions(fed) if cfg.embeddings == "class_proportions" else None
-    dim = fixed.shape[1] if fixed is not None else (cfg.embed_dim or hn.default_embed_dim(fed.num_clients))
+    dim = fixed.shape[1] if fixed is not None else (cfg.embed_dim or hn.default_embed_dim(len(fed.seen_ids)))
     spec = hn.spec_of(fed.num_clients, targets, embed_dim=dim, hidden=cfg.hidden, depth=cfg.depth,
                       spectral_norm=cfg.spectral_norm, fixed=fixed is not None, embed_std=cfg.embed_std)
     env.seed_torch("pfedhn-init")
@@ -476,6 +476,36 @@ def fit_novel_clients(trained_state: dict, novel, cfg, env, *, init: str = "mean
     return result
 
 
+def fit_unseen(result: StageResult, fed: Federation, cfg, env) -> StageResult:
+    """Sec. 5.3 for the federation's unseen clients (``data.unseen_clients``; Fig. 2 takes the last ten, with
+    ``data.unseen_pick = "last"``), once training on the others has ended: phi stays as training left it,
+    each unseen client's embedding starts at the mean of the trained clients' and is learned on that
+    client's data alone (`fit_novel_embedding`; phi frozen, so the clients do not interact), then the
+    client is tested. Their embedding rows, client states and test metrics replace the untrained ones, so
+    the stage's unseen accuracy is the novel clients' (Fig. 2's acc_novel); each fit's
+    ``{"client", "steps", "converged", "drift"}`` goes to ``state["novel_fit"]`` for `pfedhn_report`.
+    Fixed (class-proportion) embeddings have nothing to learn (App. C.5): the result is returned as it is.
+    """
+    state = result.state
+    if state["spec"]["fixed"]:
+        return result
+    emb = state["hnet"]["embeddings"].clone()
+    unseen = torch.as_tensor([state["rows"][c] for c in fed.unseen_ids])
+    emb[unseen] = emb[torch.as_tensor([state["rows"][c] for c in fed.seen_ids])].mean(0, keepdim=True)
+    state = {**state, "hnet": {**state["hnet"], "embeddings": emb}}
+    ncfg = dataclasses.replace(cfg, train_hypernet=False)
+    client_states, fits, t0 = dict(result.client_states), [], time.perf_counter()
+    for cid in fed.unseen_ids:
+        state, client_states[cid], info = fit_novel_embedding(state, fed.clients[cid], client_states.get(cid),
+                                                              ncfg, env)
+        fits.append({**info, "drift": info["drift"] if np.isfinite(info["drift"]) else None})
+    tested = evaluate_clients(PFEDHN, state, client_states, fed, fed.unseen_ids, ncfg, env, "test").per_client
+    out = dataclasses.replace(result, state={**state, "novel_fit": fits}, client_states=client_states)
+    out.set_test({**result.per_client, **tested})
+    out.seconds = result.seconds + time.perf_counter() - t0
+    return out
+
+
 def evaluate_generated(view, client, client_state, cfg, env, split):
     """A client's evaluation from its generated weights alone (`broadcast`'s message: h stays on the
     server); the target network `personal_model` builds."""
@@ -491,9 +521,17 @@ def pfedhn_report(state, fed: Federation, cfg, env, client_states) -> dict | Non
     client i's test accuracy with client j's generated extractor and its own head (`mix_and_match`, in %);
     ``classes``: the classes of each client's train split, with ``class_names`` when there are at most 100;
     ``groups`` / ``group_names``: each client's value of a grouping key of the data (Omniglot's alphabet) and
-    the names of those values (the figures' labels and colours in results mode).
+    the names of those values (the figures' labels and colours in results mode). With unseen clients (Fig. 2,
+    `fit_unseen`), always: ``novel``, their ids, how each embedding's fit ended (``steps``, ``converged``,
+    ``drift``) and every client's train class histogram, from which the TV to the nearest training client
+    is computed (`pflkit.analysis.pfedhn.tv_to_nearest`, either basis).
     """
     out: dict = {}
+    if fed.unseen_ids and "novel_fit" in state:
+        fits = state["novel_fit"]
+        out["novel"] = {"clients": list(fed.unseen_ids), **{k: [f[k] for f in fits] for k in ("steps", "converged")},
+                        "drift": [None if f["drift"] is None else float(f"{f['drift']:.5g}") for f in fits],
+                        "train_histograms": fed.histograms("train").astype(int).tolist()}
     if cfg.report_embeddings or cfg.report_mix_and_match:
         out["classes"] = [[int(c) for c in np.flatnonzero(h)] for h in fed.histograms("train")]
         if len(fed.meta.class_names) <= 100:
@@ -514,6 +552,7 @@ PFEDHN = Algorithm(
     name="pfedhn", label="pFedHN", config=PFedHNConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
     eval_view=broadcast, eval_from_view=evaluate_generated, vectorizable=True, report=pfedhn_report,
+    fit_unseen=fit_unseen,
 )
 
 PFEDHN_PC = replace(PFEDHN, name="pfedhn_pc", label="pFedHN-PC", config=PFedHNPCConfig)
@@ -534,5 +573,5 @@ def mix_and_match(state, client_states: dict, fed: Federation, cfg, env, split: 
 
 
 __all__ = ["PFEDHN", "PFEDHN_PC", "PFedHNConfig", "PFedHNPCConfig", "budget_group", "class_proportions",
-           "client_model", "embeddings", "fit_novel_clients", "fit_novel_embedding", "generate", "mix_and_match",
+           "client_model", "embeddings", "fit_novel_clients", "fit_novel_embedding", "fit_unseen", "generate", "mix_and_match",
            "novel_client_algorithm", "personal_model", "pfedhn_report"]

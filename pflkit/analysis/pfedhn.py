@@ -42,14 +42,29 @@ def class_shares(*feds: Federation, split: str = "train") -> np.ndarray:
     With the training and the novel clients of one partition, this is the p_hat the paper's
     allocation defines (p_i ~ Dir(alpha), normalized over all clients per class).
     """
-    h = np.concatenate([f.histograms(split) for f in feds]).astype(np.float64)
+    return _shares(np.concatenate([f.histograms(split) for f in feds]).astype(np.float64))
+
+
+def _shares(h: np.ndarray) -> np.ndarray:
+    """Each row's share of every column's total (0 where a column is empty)."""
     total = h.sum(axis=0, keepdims=True)
     return np.divide(h, total, out=np.zeros_like(h), where=total > 0)
 
 
 def novel_tv(train: Federation, novel: Federation, split: str = "train", *,
              basis: str = "p_hat") -> tuple[np.ndarray, np.ndarray]:
-    """TV distance of every novel client to its nearest training client (sec. 5.3, Fig. 2 / 7).
+    """TV distance of every novel client to its nearest training client (sec. 5.3, Fig. 2 / 7), from the
+    two federations' class histograms (`tv_to_nearest`).
+
+    Returns:
+        ``(distances, nearest training client ids)``, both of length ``novel.num_clients``.
+    """
+    return tv_to_nearest(train.histograms(split), novel.histograms(split), basis=basis)
+
+
+def tv_to_nearest(train_hist, novel_hist, *, basis: str = "p_hat") -> tuple[np.ndarray, np.ndarray]:
+    """TV distance of every novel client to its nearest training client, from class histograms (clients x
+    classes: the federations' own, or those a pFedHN run with unseen clients stores in its report).
 
     ``basis="p_hat"`` (the paper: "the TV is computed over the empirical distributions p_hat"):
     TV = 1/2 sum_j |p_hat_novel,j - p_hat_train,j| with p_hat from `class_shares` over the
@@ -58,14 +73,15 @@ def novel_tv(train: Federation, novel: Federation, split: str = "train", *,
     between the two clients' label distributions (histograms normalized per client).
 
     Returns:
-        ``(distances, nearest training client ids)``, both of length ``novel.num_clients``.
+        ``(distances, nearest training client ids)``, both of length ``len(novel_hist)``.
     """
+    train_hist, novel_hist = np.asarray(train_hist, dtype=np.float64), np.asarray(novel_hist, dtype=np.float64)
     if basis == "labels":
-        return nearest_tv(novel.histograms(split), train.histograms(split), return_index=True)
+        return nearest_tv(novel_hist, train_hist, return_index=True)
     if basis != "p_hat":
         raise ValueError(f"basis={basis!r}: use 'p_hat' (the paper) or 'labels'")
-    shares = class_shares(train, novel, split=split)
-    p_train, p_novel = shares[:train.num_clients], shares[train.num_clients:]
+    shares = _shares(np.concatenate([train_hist, novel_hist]))
+    p_train, p_novel = shares[:len(train_hist)], shares[len(train_hist):]
     tv = 0.5 * np.abs(p_novel[:, None, :] - p_train[None, :, :]).sum(-1)  # (n_novel, n_train)
     nearest = tv.argmin(axis=1)
     return tv[np.arange(len(tv)), nearest], nearest

@@ -222,6 +222,10 @@ class Algorithm:
             weights (the hypernetwork stays on the server); FedSelect: the global weights only.
         eval_from_view: ``(view, client, client_state, cfg, env, split) -> Metrics`` when the view is
             not a state ``evaluate`` reads (pFedHN); None: ``evaluate`` itself.
+        fit_unseen: optional ``fit_unseen(result, fed, cfg, env) -> StageResult``, what the algorithm does
+            for the federation's unseen clients (``data.unseen_clients``) once training ends, before they
+            count: pFedHN learns each one's embedding with the hypernetwork frozen (sec. 5.3). None: they
+            are tested as training left them (FedL2P's meta-nets serve them as they are, sec. 4.3).
     """
 
     name: str
@@ -240,6 +244,7 @@ class Algorithm:
     vectorizable: bool = False
     eval_view: Callable = lambda state, cid, cfg, env: state
     eval_from_view: Callable | None = None
+    fit_unseen: Callable | None = None
 
     def evaluate_view(self, view, client, client_state, cfg, env, split) -> Metrics:
         """The client's metrics on ``split`` from ``eval_view``'s view of the server state."""

@@ -359,7 +359,8 @@ def federation_for(data, dataset: Dataset, seed: int) -> "Federation":
     """
     return build_federation(dataset, data.scheme, data.num_clients, seed=seed, split=data.split,
                             test_fraction=data.test_fraction, val_fraction=data.val_fraction, task=data.task,
-                            augment=data.augment, unseen_clients=data.unseen_clients, **data.partition)
+                            augment=data.augment, unseen_clients=data.unseen_clients,
+                            unseen_pick=data.unseen_pick, **data.partition)
 
 
 def contiguous_group(client_id: int, num_clients: int, num_groups: int) -> int:
@@ -369,7 +370,8 @@ def contiguous_group(client_id: int, num_clients: int, num_groups: int) -> int:
 
 def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: int, split: str = "pool",
                      test_fraction: float = 0.2, val_fraction: float = 0.2, task: str = "label",
-                     augment: str = "none", unseen_clients: int = 0, **options) -> Federation:
+                     augment: str = "none", unseen_clients: int = 0, unseen_pick: str = "random",
+                     **options) -> Federation:
     """Partition a dataset among clients and give each a train / val / test split.
 
     Args:
@@ -384,6 +386,8 @@ def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: i
         augment: batch augmentation for training (``"none"``, ``"crop_flip"``).
         unseen_clients: this many clients (chosen at random from the seed) never take part
             in training and are only tested: FedL2P's unseen pool (sec. 4.3, Table 4).
+        unseen_pick: ``"random"`` (from the seed) or ``"last"``: the last ``unseen_clients`` ids (pFedHN
+            sec. 5.3, whose novel clients come last in the partition, with their own alpha).
         **options: the scheme's own options (alpha, classes_per_client, ...).
     """
     from pflkit.data.partition import PARTITIONS
@@ -397,6 +401,8 @@ def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: i
             raise ValueError(f"{key}={frac!r}: must be in [0, 1)")
     if not 0 <= unseen_clients < num_clients:
         raise ValueError(f"unseen_clients={unseen_clients!r}: must be in [0, num_clients={num_clients})")
+    if unseen_pick not in ("random", "last"):
+        raise ValueError(f"unseen_pick={unseen_pick!r}: use 'random' or 'last'")
     if split == "paired" and len(dataset.y_test) == 0:
         raise ValueError(f"split='paired' needs a test split, but dataset {dataset.name!r} has none; use split='pool'")
     meta, x, y = _pool(dataset, task)
@@ -433,10 +439,13 @@ def build_federation(dataset: Dataset, scheme: str, num_clients: int, *, seed: i
     empty = [c.id for c in clients if c.num("train") == 0]
     if empty:
         raise ValueError(f"clients {empty[:10]} received no training samples; use fewer clients or another scheme")
-    unseen = sorted(np.random.default_rng(seed + 104729).permutation(num_clients)[:unseen_clients].tolist())
+    unseen = (list(range(num_clients - unseen_clients, num_clients)) if unseen_pick == "last" else
+              sorted(np.random.default_rng(seed + 104729).permutation(num_clients)[:unseen_clients].tolist()))
     for c in clients:
         c.info["pool"] = "unseen" if c.id in unseen else "seen"
     recipe = {"unseen": unseen, "dataset": dataset.name, "scheme": scheme, "num_clients": num_clients, "seed": seed, "split": split,
               "test_fraction": test_fraction, "val_fraction": val_fraction, "task": task, "augment": augment,
               "options": {k: v for k, v in options.items() if k not in ("groups", "superclass")}}
+    if unseen_pick != "random":  # named only when not the default, so earlier recipes keep their digests
+        recipe["unseen_pick"] = unseen_pick
     return Federation(meta, x, y, clients, recipe)
