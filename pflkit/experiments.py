@@ -456,6 +456,10 @@ def _check_methods(methods: tuple[MethodStage, ...], data: DataConfig, model: Mo
                     f"its algorithm {src.algorithm!r} has no global model to start from")
             require(src.clients == m.clients and src.model == m.model, f"{key}.start_from", m.start_from,
                     "must have the same clients and model settings as this method (its weights must fit)")
+        if data.unseen_clients and ALGORITHMS[m.algorithm].fit_unseen is not None:
+            novel_fit = getattr(m.config, "novel_fit", "converge")  # pFedHN's unseen clients (sec. 5.3)
+            require(novel_fit == "converge", f"{key}.novel_fit", novel_fit,
+                    "data.unseen_clients fits each unseen client's embedding until it converges; use 'converge'")
         require(has_pretrain or m.start_from or not ALGORITHMS[m.algorithm].needs_pretrained, key, m.algorithm,
                 "starts from a pretrained model, but the experiment has no [pretrain] stage (or set start_from)")
         earlier[m.label] = m

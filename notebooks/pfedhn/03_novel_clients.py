@@ -27,9 +27,9 @@
 # [04_mix_and_match](04_mix_and_match.ipynb).
 #
 # **Run time**: the table under the first code cell. By default (`source = "results"`) the notebook reads the
-# committed reference run (`results/cpu/pfedhn_fig2_novel.json`: pFedHN on all 100 clients) and shows the
-# committed figure; nothing trains. The figure itself needs a run the batch does not make (pFedHN on 90 clients,
-# then 10 new embeddings): `source = "train"` makes it here, 17-20 min on two CPU threads at `cpu`.
+# committed run (`results/cpu/pfedhn_fig2_novel.json`: pFedHN trained on 90 clients, then one embedding fitted
+# for each of the 10 novel clients) and draws the figure from it; nothing trains. `source = "train"` runs the same
+# experiment here.
 #
 # **Data and device.** CIFAR-10 is read from `data_root` or `$PFLKIT_DATA`, or downloaded with `download=True`;
 # `standin=True` runs sklearn's digits instead, named as such in every title. Where pflkit's defaults differ
@@ -76,9 +76,7 @@ standin = False
 figures_dir = None  # None: out_dir/figures
 seed = 0
 results_dir = None  # results mode: the committed results' folder (None: the checkout's results/)
-novel_fit = None  # None: the experiment's, converge; "rounds": the older fixed budget
-# novel_steps: converge: most updates per client (None: 10 at smoke, 100 at cpu, else the config's 1000);
-# rounds: rounds in all (None: 10 per novel client)
+# novel_steps: train mode, the most updates of a novel client's embedding (None: the experiment's, 100 at cpu)
 novel_steps = None
 tv_basis = "p_hat"  # "p_hat", the paper's, or "labels"
 
@@ -109,16 +107,18 @@ session.run_times([name])
 #
 # $$\mathrm{TV}(c) = \min_{i \in \text{train}}\ \tfrac12 \sum_j \big|\hat p_{c,j} - \hat p_{i,j}\big| .$$
 #
-# The committed reference run trains pFedHN on all 100 clients (no novel ones): how well do the clients of each
-# $\alpha$ do when they *are* trained on?
+# The run below trains pFedHN on the 90 training clients, then freezes $\varphi$ and fits the 10 new embeddings,
+# each starting at the mean of the trained ones, for at most `novel_max_steps` updates or until it stops moving.
 
 # %%
-if source == "results":
-    reference = session.run(name)
-    display(Markdown(f"The reference run: pFedHN on {session.dataset_label(reference)}, all "
-                     f"{reference['config']['data']['num_clients']} clients trained, mean test accuracy "
-                     f"**{reference['methods']['pFedHN']['acc_mean']:.2f}%**; by the clients' $\\alpha$:"))
-    display(report.group_accuracy_frame(reference))
+overrides = [f'methods."pFedHN".novel_max_steps={novel_steps}'] if novel_steps is not None else []
+results = session.run(name, *overrides)
+arrays = report.novel_arrays(results, session.run_dir(name), "pFedHN")
+method, novel = results["methods"]["pFedHN"], arrays["novel"]
+display(Markdown(f"pFedHN on {session.dataset_label(results)}: the {len(novel['train_histograms']) - len(novel['clients'])} "
+                 f"training clients average **{method['acc_mean']:.2f}%**; the {len(novel['clients'])} novel clients "
+                 f"**{method['unseen']['acc_mean']:.2f}%** once their embeddings were fitted "
+                 f"({sum(novel['converged'])} of {len(novel['clients'])} fits stopped on their own before the cap)."))
 
 # %% [markdown]
 # ## 2. Novel clients (Fig. 2 and Fig. 7)
@@ -127,68 +127,18 @@ if source == "results":
 # smallest of the methods it compares.
 
 # %%
-if source == "train":
-    import dataclasses
+import matplotlib.pyplot as plt
 
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import pandas as pd
+from pflkit.report.figures import save_figure
 
-    from pflkit.analysis.pfedhn import novel_tv
-    from pflkit.fl.federation import federation_for
-    from pflkit.fl.loop import summarize
-    from pflkit.report.figures import save_figure
-    from pflkit.runner import make_env
-    from pflkit.stages import fit_novel_clients, method_config, train_method
-
-    exp = session.resolve(name)
-    data_label = session.dataset_label(exp)
-    alphas = np.asarray(exp.data.partition["alpha"])
-    num_novel = max(3, len(alphas) // 10)  # the last 10 of 100 clients (smoke: 3 of 10) are novel
-    fed = federation_for(exp.data, session.load(exp.data.dataset, **exp.data.options), exp.seed)
-    n = fed.num_clients
-    train_fed, novel_fed = fed.subset(range(n - num_novel)), fed.subset(range(n - num_novel, n))
-    print(f"{data_label}: {n - num_novel} training clients (alpha {alphas[0]}), {num_novel} novel clients")
-
-    print(f"training pFedHN on the {n - num_novel} training clients here; the batch's reference run on all {n} "
-          f"took {session.training_time(name)}")
-    env = make_env(exp, train_fed, seed)
-    trained = train_method(exp, "pFedHN", train_fed, env)
-    acc_train = summarize(trained.per_client)["acc"]
-
-    _, cfg = method_config(exp, "pFedHN")
-    if novel_fit is not None:
-        cfg = dataclasses.replace(cfg, novel_fit=novel_fit)
-    if novel_steps is None and cfg.novel_fit == "converge" and preset in ("smoke", "cpu"):
-        novel_steps = {"smoke": 10, "cpu": 100}[preset]  # a budget cap: the table's `converged` says whether it bound
-    if novel_steps is not None:
-        key = "novel_max_steps" if cfg.novel_fit == "converge" else "novel_rounds"
-        cfg = dataclasses.replace(cfg, **{key: novel_steps})
-    novel = fit_novel_clients(trained, novel_fed, cfg, make_env(exp, novel_fed, seed))
-    tv, nearest = novel_tv(train_fed, novel_fed, basis=tv_basis)
-    acc_novel = np.array([novel.per_client[j]["acc"] for j in range(num_novel)])
-    tv_name = f"TV to the nearest training client ({tv_basis})"
-    table = pd.DataFrame({"alpha": alphas[n - num_novel:], tv_name: tv, "nearest training client": nearest,
-                          "accuracy (%)": 100 * acc_novel, "gap (%)": 100 * (acc_novel - acc_train)})
-    if cfg.novel_fit == "converge":
-        table["updates"] = [h["steps"] for h in novel.history]
-        table["converged"] = [h["converged"] for h in novel.history]
-    display(table.round(3))
-    fig = report.plot_novel_clients(table, tv_name, f"pFedHN on {data_label}, preset {preset}: "
-                                                    f"{num_novel} novel clients, novel_fit={cfg.novel_fit}")
-    save_figure(fig, session.figure("novel_clients.png"))
-    plt.show()
-    display(Markdown(report.novel_reading(table, tv_name, acc_train)))
-else:
-    report.show_figure(
-        report.committed_figure("novel_clients.png", session.results_dir),
-        "*The committed figure* `figures/pfedhn/novel_clients.png`, made by this notebook with "
-        "`source=\"train\"` at preset cpu, seed 0 (see `figures/pfedhn/README.md`): pFedHN trained on the "
-        "first 90 clients, then one embedding per novel client. The batch's committed row trains on all 100 "
-        "(the table above), so no committed result holds the novel clients' accuracies; `source=\"train\"` "
-        "redraws the figure (17-20 min on two CPU threads at cpu).",
-        "This figure needs pFedHN trained on the 90 training clients and the novel clients' fitted embeddings, "
-        "which no committed result holds: set `source=\"train\"` (17-20 min on two CPU threads at cpu).")
+table, acc_train = report.novel_clients_table(results, arrays, "pFedHN", tv_basis)
+tv_name = report.tv_column(tv_basis)
+display(table.round(3))
+fig = report.plot_novel_clients(table, tv_name, f"pFedHN on {session.dataset_label(results)}, preset {preset}: "
+                                                f"{len(table)} novel clients")
+save_figure(fig, session.figure("novel_clients.png"))
+plt.show()
+display(Markdown(report.novel_reading(table, tv_name, acc_train)))
 
 # %% [markdown]
 # ## Takeaways
@@ -198,14 +148,14 @@ else:
 #   training client, the larger the gap. With 10 novel clients, one point per client is noisy; read the
 #   per-$\alpha$ means on the left before the scatter on the right.
 # - At the reduced `cpu` preset pFedHN trains far fewer steps than the paper's, and the new embeddings get at
-#   most the capped number of updates (the table's `converged` column in train mode says whether the cap bound).
+#   most the capped number of updates: the table's `converged` column says whether the cap bound.
 
 # %% [markdown]
 # ## Exercises
-# 1. **Label distributions instead of $\hat p$.** Set `source = "train"`, `tv_basis = "labels"`: does the order
-#    of the $\alpha$ groups along the x-axis change? Compare with the committed figure
-#    (`figures/pfedhn/novel_clients.png`).
-# 2. **A longer fit.** Set `source = "train"`, `novel_steps = 300`: do more clients converge, and does the gap
-#    shrink?
-# 3. **Trained on vs novel.** Compare the table of section 1 (clients of each $\alpha$ when trained on) with the
-#    novel clients' accuracies of the same $\alpha$ in the figure: that difference is what being novel costs.
+# 1. **Label distributions instead of $\hat p$.** Set `tv_basis = "labels"` (no training: the committed run keeps
+#    the clients' class counts): does the order of the $\alpha$ groups along the x-axis change? Compare with the
+#    figure above.
+# 2. **A longer fit.** Set `source = "train"`, `novel_steps = 300`: do more fits converge, and does the gap
+#    shrink? The reference is the table above (cap 100 at `cpu`).
+# 3. **Another draw of the clients.** Set `source = "train"`, `seed = 1`: does the gap still widen with the TV? With
+#    10 novel clients, compare the per-$\alpha$ means, not single points.

@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pflkit.analysis.pfedhn import group_accuracy
+from pflkit.analysis.pfedhn import group_accuracy, tv_to_nearest
 
 __all__ = ["BUDGET_NAMES", "group_names", "budget_rows", "budget_table", "accuracy_table", "committed_figure",
            "show_figure", "plot_training", "training_reading", "plot_mix_and_match", "mix_and_match_reading",
-           "plot_tsne", "embedding_reading", "group_accuracy_frame", "table1_reading",
-           "budget_reading", "paper_label", "plot_novel_clients", "novel_reading"]
+           "plot_tsne", "embedding_reading", "table1_reading",
+           "budget_reading", "paper_label", "plot_novel_clients", "novel_reading", "novel_arrays", "novel_clients_table",
+           "tv_column"]
 
 BUDGET_NAMES = ("S", "M", "L")  # Table 2's columns: LeNet width 8 / 16 / 32
 
@@ -259,17 +260,6 @@ def plot_tsne(xy, groups, names, title: str, group: str = "group"):
 # ---------------------------------------------------------------- Fig. 2: the reference run's clients by alpha
 
 
-def group_accuracy_frame(results: dict, label: str = "pFedHN") -> pd.DataFrame:
-    """Mean test accuracy (%) of ``label``'s clients grouped by their Dirichlet alpha, from a run whose
-    ``data.partition.alpha`` gives one alpha per client (Fig. 2's reference run, where all train)."""
-    alphas = np.asarray(results["config"]["data"]["partition"]["alpha"], dtype=float)
-    per_client = np.asarray(results["methods"][label]["per_client"][0], dtype=float)
-    frame = pd.DataFrame({"alpha": alphas[: len(per_client)], "accuracy (%)": per_client})
-    out = frame.groupby("alpha")["accuracy (%)"].agg(["count", "mean"]).rename(
-        columns={"count": "clients", "mean": "mean test accuracy (%)"})
-    return out.round(2)
-
-
 def embedding_reading(report: dict, group: str = "alphabet") -> str:
     """What the t-SNE of Fig. 4 shows, from `pflkit.analysis.embeddings.embedding_report` of the embeddings
     themselves (not of the 2-D projection, which t-SNE distorts)."""
@@ -345,6 +335,50 @@ def budget_reading(results: dict, method: str = "pFedHN") -> str:
 
 
 # ---------------------------------------------------------------- Fig. 2 / 7: novel clients
+
+
+def tv_column(basis: str) -> str:
+    """The name of Fig. 2's distance column for a TV ``basis`` (`pflkit.analysis.pfedhn.tv_to_nearest`)."""
+    return f"TV to the nearest training client ({basis})"
+
+
+def novel_arrays(results: dict, run_dir, label: str = "pFedHN") -> dict:
+    """The first seed's report of ``label`` in a run with unseen clients: from the compact result's ``analysis``
+    (a committed result), else from the run folder's report files (a run made here, `pflkit.report.compact.analysis`).
+    A result made before the batch fitted novel clients has none: a one-line error says to rerun it."""
+    from pflkit.report.compact import analysis
+
+    kept = results.get("analysis", {}).get(label, {}).get("seeds")
+    if kept is None and run_dir is not None and os.path.isdir(run_dir):
+        kept = analysis(run_dir, results).get(label, {}).get("seeds")
+    if not kept or "novel" not in kept[0]:
+        name = results.get("experiment", "the experiment")
+        raise ValueError(f"{name}: this result keeps no novel clients' report (data.unseen_clients); rerun it with "
+                         f"`pflkit reproduce --only {name}`")
+    return kept[0]
+
+
+def novel_clients_table(results: dict, arrays: dict, label: str = "pFedHN",
+                        tv_basis: str = "p_hat") -> tuple[pd.DataFrame, float]:
+    """Fig. 2's points from a run with unseen clients (`pflkit.algorithms.pfedhn.fit_unseen`): one row per novel
+    client with its alpha, TV to the nearest training client (computed on ``tv_basis`` from the class histograms
+    its report keeps), that client, its test accuracy after the embedding fit, the gap to the training clients'
+    mean, and how the fit ended (``updates``, ``converged``); and that mean (a fraction, as `novel_reading` takes).
+
+    ``arrays``: the stage's report for one seed (the compact result's ``analysis[label]["seeds"][k]``).
+    """
+    novel = arrays["novel"]
+    ids = list(novel["clients"])
+    hist = np.asarray(novel["train_histograms"])
+    seen = [i for i in range(len(hist)) if i not in set(ids)]
+    tv, nearest = tv_to_nearest(hist[seen], hist[ids], basis=tv_basis)
+    acc = np.asarray(results["methods"][label]["per_client"][0], dtype=float)  # % per client, seed 0
+    acc_train = float(acc[seen].mean())
+    alphas = np.asarray(results["config"]["data"]["partition"]["alpha"], dtype=float)
+    table = pd.DataFrame({"client": ids, "alpha": alphas[ids], tv_column(tv_basis): tv,
+                          "nearest training client": [seen[j] for j in nearest], "accuracy (%)": acc[ids],
+                          "gap (%)": acc[ids] - acc_train, "updates": novel["steps"], "converged": novel["converged"]})
+    return table, acc_train / 100
 
 
 def plot_novel_clients(table: pd.DataFrame, tv: str, title: str):
