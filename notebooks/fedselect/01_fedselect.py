@@ -91,7 +91,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from IPython.display import Image, Markdown, display
+from IPython.display import Markdown, display
 
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.fedselect import grad_ltn
@@ -101,7 +101,7 @@ from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.io import read_json
 from pflkit.models import build_model, head_param_names
-from pflkit.notebooks import figures_root, setup
+from pflkit.notebooks import setup
 from pflkit.report import readings
 from pflkit.report.compact import analysis
 from pflkit.report.fedselect import (SELECT_ROW, accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading,
@@ -246,8 +246,8 @@ display(Markdown(mask_reading(results)))
 
 # %% [markdown]
 # The paper's Fig. 1 is the full matrix of pairwise IoU in the **final linear layer**, FedSelect with $p = 0.5$.
-# It needs the clients' trained masks: train mode draws it from the run's kept states; results mode draws it
-# from the committed result where the run stored the matrix, else shows the committed figure.
+# It needs the clients' trained masks: train mode draws it from the run's kept states; results mode from the
+# matrix the batch's run stored (`report_head_iou`).
 #
 # *Look for*: off-diagonal cells far below the diagonal's 1: two clients rarely personalize the same head entries.
 
@@ -273,14 +273,10 @@ if ious:
     off = {s: m[~np.eye(len(m), dtype=bool)] for s, m in ious.items()}
     display(Markdown(" ".join(f"s = {s}: two clients' head masks overlap with an IoU of {v.min():.2f}-{v.max():.2f} "
                               f"(mean {v.mean():.2f})." for s, v in off.items())))
-elif (committed_fig := figures_root() / "fedselect" / "fig1_mask_iou.png").exists():
-    display(Image(filename=str(committed_fig)))
-    display(Markdown("*The committed figure*, made by this notebook in train mode from the `cpu` runs of "
-                     "`fedselect_table1_s2` and `_s4` (FedSelect (0.50), seed 0, its Table 1 row's trained client "
-                     "states; `figures/fedselect/README.md`): the committed compact results do not store the matrix."))
 else:
-    display(Markdown("Fig. 1 needs `source = \"train\"`: training both settings took the committed batch "
-                     + " and ".join(session.training_time(n) for n in NAMES) + "."))
+    display(Markdown("The committed results keep no Fig. 1 matrix (made before `report_head_iou`): rerun them with "
+                     "`pflkit reproduce --only fedselect_table1_s`, or set `source = \"train\"` (training both "
+                     "settings took the committed batch " + " and ".join(session.training_time(n) for n in NAMES) + ")."))
 
 # %% [markdown]
 # ## 4. Fig. 2: accuracy against the personalization rate p
