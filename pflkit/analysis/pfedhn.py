@@ -87,13 +87,6 @@ def tv_to_nearest(train_hist, novel_hist, *, basis: str = "p_hat") -> tuple[np.n
     return tv[np.arange(len(tv)), nearest], nearest
 
 
-def generalization_gap(novel_per_client: dict, train_per_client: dict) -> float:
-    """acc_novel - acc_train, each the mean over clients of per-client accuracy (Fig. 2)."""
-    def mean_acc(per_client: dict) -> float:
-        return float(np.mean([m["acc"] for m in per_client.values() if m.get("n", 1) > 0]))
-    return mean_acc(novel_per_client) - mean_acc(train_per_client)
-
-
 # ---------------------------------------------------------------- Table 2
 
 

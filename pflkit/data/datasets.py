@@ -70,9 +70,6 @@ READERS: dict[str, Callable[..., Found]] = {
     "sun397": folders.read_sun397,
 }
 
-DEFAULT_DATASET = "digits"
-
-
 def dataset_names() -> list[str]:
     """Registered dataset names, the default (``digits``) first."""
     return list(DATASETS)
