@@ -175,11 +175,14 @@ def _cell(res: dict, label: str, published: dict) -> str:
 
 
 def _labels(rows: list[dict]) -> list[str]:
+    """Every method and published label of the rows, then ``"X (unseen)"`` for each method measured on unseen
+    clients too (FedL2P's Table 4, pFedHN's novel clients)."""
     labels: dict[str, None] = {}
     for res in rows:
         labels.update(dict.fromkeys(res.get("methods", {})))
         labels.update(dict.fromkeys(res.get("config", {}).get("published", {})))
-    return list(labels)
+    unseen = {f"{k}{UNSEEN}": None for res in rows for k, m in res.get("methods", {}).items() if m.get("unseen")}
+    return list(labels) + [k for k in unseen if k not in labels]
 
 
 def _span(seconds: float, decimals: int) -> str:
