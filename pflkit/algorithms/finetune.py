@@ -11,14 +11,14 @@ differ only in the statistics their BatchNorm layers normalize with
   the client's running statistics at test time; as FedBN / Ditto / Per-FedAvg. Where
   those statistics start is ``client_stats_init`` (`STATS_INIT`):
 
-  - ``"pretrained"``: at the pretrained model's running statistics, moved toward the
+  - ``"pretrained"`` (FT (BN C)'s default): at the pretrained model's running statistics, moved toward the
     client's by BatchNorm's momentum (0.1) during fine-tuning -- what the authors' baseline
     client does (github.com/royson/fedl2p, ``src/apps/clients/classification_client.py``:
     ``evaluate`` (line 176) loads the whole pretrained state dict, BN buffers included, via
     ``set_parameters`` (lines 114-119), ``train`` (lines 17-36) fine-tunes in train mode,
     which updates the running statistics, and ``test`` evaluates in eval mode with them);
-  - ``"reset"`` (the default, which every committed FT (BN C) number was made with): mean 0 /
-    variance 1, then tracked with momentum 0.1. This is the authors' start for FedL2P's mixed
+  - ``"reset"`` (the default before the authors' start, which FT (BN C) numbers made before it
+    were made with): mean 0 / variance 1, then tracked with momentum 0.1. This is the authors' start for FedL2P's mixed
     BN (``src/models/model_utils.py`` lines 102-110: the pretrained statistics are kept aside
     for Eq. 2 and the running ones reset), not for their FT baselines; with the few steps of
     the ``cpu`` rows (about 10), 0.9^10 = 35% of the reset values remain in the statistics
@@ -53,8 +53,10 @@ PERSONALIZE_ON = ("train", "train_val")  # the data a client fine-tunes on
 @dataclass(frozen=True)
 class FineTuneConfig(FLConfig):
     """Attributes: bn (see module docstring), epochs = e of FedL2P (5 or 15); lr 1e-3 (App. D);
-    client_stats_init: ``"reset"`` (default), ``"pretrained"`` (the authors' FT baselines) or
-    ``"pass"``, where the client's BN running statistics start (they only matter for FT (BN C));
+    client_stats_init: ``"pretrained"`` (the authors' FT baselines), ``"reset"`` or ``"pass"``, where
+    the client's BN running statistics start. They matter for FT (BN C) only: left empty, the field
+    resolves to ``"pretrained"`` for ``bn="client"`` and to ``"reset"`` for the other modes, whose
+    numbers it does not touch (so their settings, and their stages' fingerprints, stay as they were);
     personalize_on: ``"train"`` (default) or ``"train_val"`` (the authors': the whole training
     partition)."""
 
@@ -62,12 +64,14 @@ class FineTuneConfig(FLConfig):
     bn: str = "client"
     epochs: int = 5
     lr: float = 1e-3
-    client_stats_init: str = "reset"
+    client_stats_init: str = ""  # "": "pretrained" for bn="client", else "reset" (__post_init__)
     personalize_on: str = field(default="train", metadata=OMIT_DEFAULT)  # added after results were made
 
     def __post_init__(self):
         super().__post_init__()
         one_of("bn", self.bn, set(BN_CHOICES))
+        if not self.client_stats_init:
+            object.__setattr__(self, "client_stats_init", "pretrained" if self.bn == "client" else "reset")
         one_of("client_stats_init", self.client_stats_init, set(STATS_INIT))
         one_of("personalize_on", self.personalize_on, set(PERSONALIZE_ON))
         require(self.epochs >= 0, "epochs", self.epochs, "must be >= 0")
