@@ -12,7 +12,9 @@ from pflkit.fl.algorithm import Env
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
-from pflkit.flower.server_app import NodeMap, PflkitStrategy, build_server_app
+from pflkit.flower.nodes import NodeMap
+from pflkit.flower.serve import build_server_app
+from pflkit.flower.server_app import PflkitStrategy
 from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
