@@ -11,8 +11,9 @@ from pflkit.algorithms.fedselect import (
 )
 from pflkit.config import ConfigError
 from pflkit.fl.algorithm import Env, Update
+from pflkit.fl.engines import nbytes
 from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import nbytes, run_rounds
+from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import get_state
 from pflkit.models import build_model
 from tests.helpers_data import digits_dataset, digits_env
