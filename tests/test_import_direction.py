@@ -54,11 +54,6 @@ def module_files(root: Path) -> dict[str, Path]:
     return out
 
 
-def module_name(path: Path, root: Path = PACKAGE) -> str:
-    parts = path.relative_to(root.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def import_statements(path: Path, module: str) -> list[tuple[str, list[str]]]:
     """Every import statement of the file, anywhere in it, as (absolute module, names taken from it).
 
