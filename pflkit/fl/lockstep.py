@@ -42,8 +42,8 @@ def plain_sgd(algo: Algorithm, cfg) -> bool:
         getattr(cfg, "participation", "sampled") == "sampled"
 
 
-def _plan(model, client, cfg, env: Env) -> Request:
-    """The request of ``client``'s round of local SGD on ``model``: what `round_sgd` would train, with the
+def _plans(work: list[tuple], cfg, env: Env) -> list[Request]:
+    """The request of each ``(model, client)``'s round of local SGD: what `round_sgd` would train, with the
     same plan and batch stream (its `local_sgd` hands them over instead of training)."""
     got: list[Request] = []
 
@@ -52,10 +52,11 @@ def _plan(model, client, cfg, env: Env) -> Request:
         return {}, batches  # stats not None: local_sgd returns without training
     token = SGD_OFFLOAD.set(take)
     try:
-        round_sgd(model, client, cfg, env)
+        for model, client in work:
+            round_sgd(model, client, cfg, env)
     finally:
         SGD_OFFLOAD.reset(token)
-    return got[0]
+    return got
 
 
 def run_plain(algo: Algorithm, msgs: list, ids: list[int], fed, client_states: dict, cfg, env: Env,
@@ -70,12 +71,11 @@ def run_plain(algo: Algorithm, msgs: list, ids: list[int], fed, client_states: d
     loop, the global random generator seeded per client as the sequential engine seeds it.
     """
     models: dict[int, torch.nn.Module] = {}
-    reqs = []
-    for cid, msg in zip(ids, msgs):
+    for msg in msgs:
         if id(msg) not in models:  # a model per distinct message: scratch modules of their own
             view = env.with_cache(env.cached(("plain-sgd", len(models)), dict))
             models[id(msg)] = set_state(view.scratch_model(), msg)
-        reqs.append(_plan(models[id(msg)], fed.clients[cid], cfg, env))
+    reqs = _plans([(models[id(msg)], fed.clients[cid]) for cid, msg in zip(ids, msgs)], cfg, env)
     why = {k: why_not(r.plan) for k, r in {id(r.plan.model): r for r in reqs}.items()}  # once per model
     sig = {k: signature(r.plan) for k, r in {id(r.plan.model): r for r in reqs}.items() if not why[k]}
     groups: dict[tuple, list[Request]] = {}

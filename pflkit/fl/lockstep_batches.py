@@ -54,6 +54,27 @@ class Source:
         self.pooled = all(p is not None for p in self.pos) and all(
             r.batches.client.x is first.client.x and r.batches.client.y is first.client.y
             and r.batches.client.meta == first.client.meta and r.batches.device == first.device for r in reqs)
+        if self.pooled:
+            self._table()
+
+    def _table(self) -> None:
+        """Every client's positions in one array (``flat``, client after client, batch after batch), with
+        the start and length of client ``i``'s batch ``s`` at ``start[i, s]`` / ``length[i, s]`` and its
+        number of batches ``count[i]``: a step's index matrix for many clients is then a few array ops,
+        not a concatenate per client (`gather`)."""
+        lengths = [[len(b) for b in p] for p in self.pos]
+        self.count = np.array([len(l) for l in lengths], dtype=np.int64)
+        steps = int(self.count.max(initial=0))
+        every = np.fromiter(itertools.chain.from_iterable(lengths), dtype=np.int64)
+        starts = np.cumsum(every) - every
+        self.length = np.zeros((len(self.pos), steps), dtype=np.int64)
+        self.start = np.zeros((len(self.pos), steps), dtype=np.int64)
+        at = 0
+        for i, n in enumerate(self.count.tolist()):
+            self.length[i, :n], self.start[i, :n] = every[at:at + n], starts[at:at + n]
+            at += n
+        batches = [b for p in self.pos for b in p]
+        self.flat = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
 
     def batch(self, i: int, step: int) -> Batch:
         """Client ``i``'s batch number ``step`` (StopIteration past its last)."""
@@ -64,19 +85,14 @@ class Source:
         s = self.reqs[i].batches
         return s.client.take(self.pos[i][step], s.device)
 
-    def sizes(self, i: int, step: int) -> tuple | None:
-        """The shape key of client ``i``'s batch ``step`` on the pooled path (None past its last)."""
-        p = self.pos[i]
-        return (len(p[step]),) if step < len(p) else None
-
     def gather(self, idx: list[int], step: int, pad: int = 0) -> Batch:
-        """The stacked batches ``step`` of the clients ``idx``: one index op on the pool. Equal sizes, or
-        each padded to ``pad`` samples by repeating its first (masked out by `_client_losses`)."""
+        """The stacked batches ``step`` of the clients ``idx`` (pooled): one index op on the pool. Equal
+        sizes, or each padded to ``pad`` samples by repeating its first (masked out by `_client_losses`)."""
         s = self.reqs[idx[0]].batches
-        rows = [self.pos[i][step] for i in idx]
-        if pad:
-            rows = [np.concatenate([r, np.repeat(r[:1], pad - len(r))]) if len(r) < pad else r for r in rows]
-        at = torch.as_tensor(np.stack(rows), dtype=torch.long, device=s.client.y.device)
+        first, n = self.start[idx, step][:, None], self.length[idx, step][:, None]
+        cols = np.arange(pad or int(n[0, 0]))
+        rows = self.flat[np.where(cols < n, first + cols, first)]
+        at = torch.as_tensor(rows, dtype=torch.long, device=s.client.y.device)
         x = to_float(s.client.x[at.flatten()], s.client.meta)
         x, y = x.view(*at.shape, *x.shape[1:]), s.client.y[at]
         if s.device is not None:
@@ -119,14 +135,13 @@ def _draw(src: Source, live: list[int], step: int) -> dict[int, Batch]:
 def pooled_steps(src: Source, live: list[int], step: int, pad: bool) -> tuple[list[int], list[tuple]]:
     """(the clients still training, ``(clients, stacked batches, real sizes or None)`` per size) at ``step``,
     gathered from the pool; ``pad``: every size in one stack, the short batches padded (`paddable`)."""
-    keys = {i: src.sizes(i, step) for i in live}
-    live = [i for i in live if keys[i] is not None]
+    live = [i for i, more in zip(live, (src.count[live] > step).tolist()) if more]
+    counts = src.length[live, step].tolist() if live else []
     if pad and live:
-        counts = [keys[i][0] for i in live]
         return live, [(live, src.gather(live, step, max(counts)), counts)]
-    groups: dict[tuple, list[int]] = {}
-    for i in live:
-        groups.setdefault(keys[i], []).append(i)
+    groups: dict[int, list[int]] = {}
+    for i, n in zip(live, counts):
+        groups.setdefault(n, []).append(i)
     return live, [(idx, src.gather(idx, step), None) for idx in groups.values()]
 
 
