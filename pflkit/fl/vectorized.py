@@ -159,10 +159,12 @@ def paddable(model: nn.Module) -> bool:
     return all(isinstance(m, PER_SAMPLE) for m in leaves)
 
 
-def _forward_fn(template: nn.Module) -> Callable:
-    """``(weights, buffers, x) -> outputs`` of one client, for ``vmap`` (BatchNorm updates ``buffers`` in place)."""
-    def forward(weights, buffers, x):
-        return functional_call(template, {**weights, **buffers}, (x,))
+def _forward_fn(template: nn.Module, names: list[str]) -> Callable:
+    """``(*tensors, x) -> outputs`` of one client, its parameters and buffers (``names``, in order) given as
+    positional tensors, for ``vmap`` (BatchNorm updates the buffers in place). Positional tensors, not
+    dicts: vmap flattens its arguments every call, and a flat tuple costs the host less."""
+    def forward(*args):
+        return functional_call(template, dict(zip(names, args[:-1])), (args[-1],))
     return forward
 
 
@@ -210,14 +212,15 @@ class _Group:
         self.total = torch.zeros(len(plans), dtype=torch.float64, device=device)
         self.seen, self.taken = [0] * len(plans), [0] * len(plans)
         self.lam = None if first.prox is None else first.prox[0]
-        self.forward = vmap(_forward_fn(self.template))
+        self.forward = vmap(_forward_fn(self.template, self.names + self.bnames))
         self.measure: Callable[[int, int], None] | None = None  # `MemoryProbe.check`, on a budget's first step
 
     def losses(self, weights: dict, buffers: dict, anchor: dict | None, x: torch.Tensor, y: torch.Tensor,
                real: torch.Tensor | None = None):
         """Each client's loss, the terms of `pflkit.fl.train.run_sgd` in its order: the data term
         (one vmapped forward over the clients), the proximal term, the masked weight decay."""
-        value = _client_losses(self.forward(weights, buffers, x), y, real)
+        out = self.forward(*[weights[n] for n in self.names], *[buffers[n] for n in self.bnames], x)
+        value = _client_losses(out, y, real)
         if self.lam is not None:
             value = value + 0.5 * self.lam * _per_client_sum((weights[n] - anchor[n]).pow(2) for n in self.names)
         decay = self.plans[0].loss_decay
