@@ -21,10 +21,11 @@ from pflkit.fl.train import Batch, BatchStream
 __all__ = ["drawn", "positions", "Source", "pooled_steps", "loose_steps"]
 
 
-def drawn(stream: Iterator[Batch]) -> tuple[np.ndarray, np.ndarray] | None:
+def drawn(stream: Iterator[Batch]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The pooled positions of every batch ``stream`` (a `BatchStream`) would yield, drawn now by the same
     generator calls (`Client.batches` / `Client.random_batch`: one ``torch.randperm`` per epoch or step),
-    as (the batches' positions one after another, each batch's length); None when it cannot say (a
+    as (the batches' positions one after another, each batch's length, the same positions as places in
+    the client's split); None when it cannot say (a
     stream already started, augmentation, which draws from the generator between batches, or data not
     held in one tensor). The stream is then spent."""
     if not isinstance(stream, BatchStream) or stream.started:
@@ -42,13 +43,14 @@ def drawn(stream: Iterator[Batch]) -> tuple[np.ndarray, np.ndarray] | None:
         order, lengths = torch.stack(perms) if perms else torch.zeros(0, 0, dtype=torch.long), \
             ([size] * (n // size) + ([n % size] if n % size else [])) * rounds
     stream._it = iter(())
-    return idx[order.numpy().reshape(-1)], np.array(lengths, dtype=np.int64)
+    order = order.numpy().reshape(-1)
+    return idx[order], np.array(lengths, dtype=np.int64), order
 
 
 def positions(stream: Iterator[Batch]) -> list[np.ndarray] | None:
     """`drawn`'s positions batch by batch (None when it cannot say); the stream is then spent."""
     got = drawn(stream)
-    return None if got is None else _split(*got)
+    return None if got is None else _split(got[0], got[1])
 
 
 def _split(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
@@ -80,7 +82,7 @@ class Source:
     @functools.cached_property
     def pos(self) -> list[list[np.ndarray] | None]:
         """Each client's positions batch by batch (None where they were not drawn up front)."""
-        return [None if d is None else _split(*d) for d in self.drawn]
+        return [None if d is None else _split(d[0], d[1]) for d in self.drawn]
 
     def _table(self) -> None:
         """Every client's positions in one array (``flat``, client after client, batch after batch), with
@@ -98,6 +100,24 @@ class Source:
             at += n
         self.flat = np.concatenate([d[0] for d in self.drawn])
         self.widest = int(self.length.max(initial=0))
+        # the clients' samples, client after client, and each drawn position as a place among them
+        splits = [r.batches.client.splits[r.batches.split] for r in self.reqs]
+        offsets = np.cumsum([0] + [len(p) for p in splits])
+        self.samples = np.concatenate(splits)
+        self.local = np.concatenate([off + d[2] for off, d in zip(offsets.tolist(), self.drawn)])
+
+    @functools.cached_property
+    def _pool(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, bool]:
+        """(inputs, labels, the index into them of every drawn position, converted to float): the clients'
+        samples converted once (a sample is drawn once an epoch) when they fit in `prefetch`; else the
+        pooled data, each block converted as it is gathered. `to_float` is elementwise, so both give the
+        same floats."""
+        s = self.reqs[0].batches
+        x, y = s.client.x, s.client.y
+        if len(self.samples) * 4 * max(1, int(np.prod(x.shape[1:]))) > self.prefetch:
+            return x, y, self.flat, False
+        at = torch.as_tensor(self.samples, dtype=torch.long, device=y.device)
+        return to_float(x.index_select(0, at), s.client.meta), y.index_select(0, at), self.local, True
 
     def _steps(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(inputs, labels) of every client's batch at the steps of the block holding ``step`` (steps,
@@ -110,11 +130,12 @@ class Source:
             end = min(step + k, self.length.shape[1])
             first, n = self.start[:, step:end].T[..., None], self.length[:, step:end].T[..., None]
             cols = np.arange(self.widest)
-            at = torch.as_tensor(self.flat[np.where(cols < n, first + cols, first)], dtype=torch.long,
-                                 device=s.client.y.device)
+            px, py, where, converted = self._pool
+            at = torch.as_tensor(where[np.where(cols < n, first + cols, first)], dtype=torch.long, device=py.device)
             flat = at.flatten()  # index_select: ~25x faster than x[flat] on the CPU for a uint8 image pool
-            x = to_float(s.client.x.index_select(0, flat), s.client.meta)
-            x, y = x.view(*at.shape, *x.shape[1:]), s.client.y.index_select(0, flat).view(at.shape)
+            x = px.index_select(0, flat)
+            x = x if converted else to_float(x, s.client.meta)
+            x, y = x.view(*at.shape, *x.shape[1:]), py.index_select(0, flat).view(at.shape)
             if s.device is not None:
                 x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
             self._block = (step, end, x, y)

@@ -69,7 +69,8 @@ def test_positions_refuse_what_they_cannot_say(fed):
 @pytest.mark.parametrize("prefetch", [Source.prefetch, 1], ids=["one-block", "a-block-a-step"])
 @pytest.mark.parametrize("pad", [True, False], ids=["padded", "by-size"])
 def test_a_steps_gathered_batches_are_each_clients_own(fed, pad, prefetch, monkeypatch):
-    """`pooled_steps` from the up-front index table and the prefetched blocks: at every step each live
+    """`pooled_steps` from the up-front index table and the prefetched blocks (by default from the clients' samples
+    converted once; with a prefetch of 1 byte, converted block by block): at every step each live
     client's rows are the batch its stream would give (padded with copies of its first sample), clients
     whose stream ended left out."""
     monkeypatch.setattr(Source, "prefetch", prefetch)
