@@ -20,7 +20,6 @@ does not report trains nothing).
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 import torch
@@ -28,9 +27,7 @@ import torch
 from pflkit import kernels
 from pflkit.fl.algorithm import Algorithm, Env, Update
 from pflkit.fl.train import SGD_OFFLOAD, round_sgd, set_state
-from pflkit.fl.vectorized import Request, _run_members, memory_budget, signature, why_not
-
-log = logging.getLogger(__name__)
+from pflkit.fl.vectorized import Request, run_members, memory_budget, signature, why_not
 
 __all__ = ["plain_sgd", "run_plain"]
 
@@ -86,7 +83,7 @@ def run_plain(algo: Algorithm, msgs: list, ids: list[int], fed, client_states: d
             groups.setdefault(sig[id(r.plan.model)], []).append(r)
     with kernels.use_backend("reference"):  # custom ops: their vmappable pure-PyTorch twins
         for members in groups.values():
-            _run_members(members, note, memory_budget(next(members[0].plan.model.parameters()).device))
+            run_members(members, note, memory_budget(next(members[0].plan.model.parameters()).device))
     out = []
     for cid, msg, r in zip(ids, msgs, reqs):
         client = fed.clients[cid]

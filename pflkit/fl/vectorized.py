@@ -60,7 +60,7 @@ from pflkit.fl.train import Batch, SGDPlan, check_finite, sgd_step
 
 log = logging.getLogger(__name__)
 
-__all__ = ["why_not", "signature", "run_plans", "Request", "paddable", "memory_budget", "MemoryProbe"]
+__all__ = ["why_not", "signature", "run_plans", "run_members", "Request", "paddable", "memory_budget", "MemoryProbe"]
 
 
 # ----------------------------------------------------------------------------- what can be batched
@@ -440,10 +440,13 @@ def run_plans(reqs: list[Request], note: Callable[[str], None]) -> None:
     with kernels.use_backend("reference"):  # custom ops: their vmappable pure-PyTorch twins
         for members in groups.values():
             device = next(members[0].plan.model.parameters()).device
-            _run_members(members, note, memory_budget(device))
+            run_members(members, note, memory_budget(device))
 
 
-def _run_members(members: list[Request], note: Callable[[str], None], budget: int | None = None) -> None:
+def run_members(members: list[Request], note: Callable[[str], None], budget: int | None = None) -> None:
+    """Run one group of requests of equal `signature` in lockstep (`run_plans`' work per group): in chunks
+    that fit the memory ``budget``, in halves after running out of memory; requests left without stats
+    when the group could not start (``note`` hears why); errors set on the requests."""
     try:
         _run_group(members, budget)
     except _Fallback as e:
@@ -456,12 +459,12 @@ def _run_members(members: list[Request], note: Callable[[str], None], budget: in
             size = max(1, min(len(members) - 1, budget // e.per_client))
             note(f"{e}; they run in chunks of {size}")
             for i in range(0, len(members), size):
-                _run_members(members[i:i + size], note, budget)
+                run_members(members[i:i + size], note, budget)
             return
         half = len(members) // 2
         note(f"{len(members)} clients at once ran out of memory; they run in halves")
-        _run_members(members[:half], note, budget)
-        _run_members(members[half:], note, budget)
+        run_members(members[:half], note, budget)
+        run_members(members[half:], note, budget)
     except Exception as e:  # noqa: BLE001 - raised in each member's thread, as there
         for r in members:
             r.error = r.error or e
