@@ -294,12 +294,14 @@ def test_rounds_of_many_clients_run_in_chunks(fed, monkeypatch):
     # smooth layers (`smooth`): a batched convolution's backward rounds differently for 3 clients than
     # for 4, and a ReLU at rounding distance of zero would turn that into another subgradient
     whole = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized", smooth_layers=True)
-    sizes = []
-    real = engines.run_together
+    sizes, trained = [], []
+    real, plain = engines.run_together, engines.run_plain
     monkeypatch.setattr(engines, "run_together", lambda calls, note: sizes.append(len(calls)) or real(calls, note))
+    monkeypatch.setattr(engines, "run_plain", lambda algo, msgs, *a: trained.append(len(msgs)) or plain(algo, msgs, *a))
     monkeypatch.setenv("PFLKIT_VECTOR_CLIENTS", "3")
     chunked = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized", smooth_layers=True)
-    assert sizes and set(sizes) == {3, 1}
+    assert sizes and set(sizes) == {3, 1}  # the evaluation passes, in client threads
+    assert trained and set(trained) == {3, 1}  # FedAvg's rounds, without (`pflkit.fl.lockstep`)
     assert_tree(chunked.state, whole.state, "state", tol=F32)
     assert_tree(chunked.per_client, whole.per_client, "per_client", tol=F32)
 
