@@ -11,29 +11,23 @@ from torch import nn
 
 from pflkit.algorithms import ALGORITHMS, FEDAVG
 from pflkit.fl import engines
-from pflkit.fl.federation import build_federation
 from pflkit.fl.lockstep import plain_sgd
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
 from tests.fl.test_vectorized import smooth
+from tests.fl.conftest import uneven_clients
 from tests.helpers_compare import assert_tree
-from tests.helpers_data import digits_dataset, digits_env
+from tests.helpers_data import digits_env
 
 F32 = TOL[torch.float32]
 
 
 @pytest.fixture(scope="module")
 def fed():
-    # 226 / 293 / 286 / 345 train images: at batch 16 the clients' last batches differ in size
-    return build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    return uneven_clients()
 
 
-@pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture

@@ -23,15 +23,15 @@ from pflkit.algorithms import ALGORITHMS
 from pflkit.errors import Diverged
 from pflkit.fl import engines
 from pflkit.fl.engines import fallback_reason, resolve_engine
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import SGDPlan, get_state, local_sgd, run_sgd
 from pflkit.fl.meet import run_together
 from pflkit.fl.vectorized import Request, run_plans, signature, why_not
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
+from tests.fl.conftest import uneven_clients
 from tests.helpers_compare import assert_tree
-from tests.helpers_data import digits_dataset, digits_env
+from tests.helpers_data import digits_env
 
 F32 = TOL[torch.float32]
 VECTORIZABLE = sorted(n for n, a in ALGORITHMS.items() if a.vectorizable)
@@ -40,17 +40,10 @@ OTHERS = sorted(n for n, a in ALGORITHMS.items() if not a.vectorizable)
 
 @pytest.fixture(scope="module")
 def fed():
-    # 3 classes per client: 226 / 293 / 286 / 345 train images, so at batch 16 the clients take
-    # 15 / 19 / 18 / 22 steps an epoch and their last batches differ in size
-    return build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    return uneven_clients()
 
 
-@pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def smooth(model_fn):

@@ -11,7 +11,6 @@ from torch import nn
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.fl import meet, vectorized
-from pflkit.fl.federation import build_federation
 from pflkit.fl.train import SGDPlan, get_state, run_sgd, sgd_batches
 from pflkit.fl.lockstep_batches import Source, pooled_steps, positions
 from pflkit.fl.meet import run_together
@@ -19,24 +18,18 @@ from pflkit.fl.vectorized import MemoryProbe, Request, memory_budget, paddable, 
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
 from tests.fl.test_vectorized import _run
+from tests.fl.conftest import uneven_clients
 from tests.helpers_compare import assert_tree
-from tests.helpers_data import digits_dataset
 
 F32 = TOL[torch.float32]
 
 
 @pytest.fixture(scope="module")
 def fed():
-    # 226 / 293 / 286 / 345 train images: at batch 16 the clients' last batches differ in size
-    return build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    return uneven_clients()
 
 
-@pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.mark.parametrize("mode", [{"epochs": 2}, {"steps": 5}], ids=["epochs", "steps"])
