@@ -52,7 +52,7 @@ def _run(name: str, args) -> int:
                 msg = f"--{msg}"
         raise ConfigError(msg) from None
     engine = getattr(args, "engine", None) or "auto"
-    if engine not in (*ENGINES, "pflkit", "flower"):
+    if engine not in (*ENGINES, "flower"):
         raise ConfigError(f"--engine={engine!r}: expected one of {', '.join(ENGINES)}, flower")
     out = Path(args.out or default_out(cfg, overrides))
     if not (args.resume or args.overwrite):
@@ -256,7 +256,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--download", action="store_true", help="download a missing dataset into the cache")
     p.add_argument("--device", help="auto (default: CUDA when available), cpu, cuda, cuda:N or mps")
     p.add_argument("--kernels", choices=["auto", "triton", "reference"], help="custom-op backend")
-    p.add_argument("--engine", default="auto", choices=[*ENGINES, "flower", "pflkit"],
+    p.add_argument("--engine", default="auto", choices=[*ENGINES, "flower"],
                    help="how rounds run: auto (vectorized on CUDA where the algorithm allows it, threads on a "
                         "multi-core CPU, else sequential), sequential, threads (client updates in a CPU thread pool; "
                         "same numbers), vectorized (a round's clients trained together with torch.func.vmap; for "

@@ -17,19 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pflkit.data.datasets import DATASET_NAMES, dataset_name
+
 log = logging.getLogger(__name__)
 
 SOURCES = ("results", "train")  # a notebook's `source`: draw from the committed results, or train here
 SMOKE_NOTE = ("preset 'smoke': tiny sizes, so the accuracies below are meaningless; "
               "they only show that the code runs (use preset 'cpu' or 'paper' for numbers)")
-
-# Readable names for titles and table headers.
-DATASET_NAMES = {
-    "digits": "sklearn digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "cifar10c": "CIFAR-10-C",
-    "mnist": "MNIST", "usps": "USPS", "mnist_m": "MNIST-M", "digit_domains": "MNIST / MNIST-M / USPS",
-    "omniglot": "Omniglot", "fsdd": "FSDD (spoken digits)", "speech_commands": "Speech Commands",
-    "office_caltech10": "Office-Caltech-10", "domainnet": "DomainNet", "sun397": "SUN397",
-}
 
 # Stand-ins (only with ``standin=True``): every dataset that may be missing offline is replaced by the
 # embedded sklearn digits with its small BN conv net, pooled and re-split by the experiment's partition.
@@ -70,11 +64,6 @@ def resolve_device(device: str = "auto") -> str:
 
     check_device(device)
     return str(resolve(device))
-
-
-def dataset_name(name: str) -> str:
-    """The readable name of a registered dataset (``cifar10`` -> ``CIFAR-10``)."""
-    return DATASET_NAMES.get(name, name)
 
 
 @dataclass(frozen=True)

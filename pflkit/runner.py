@@ -141,7 +141,11 @@ def keeps_a_state(result: StageResult) -> bool:
 
 
 def train_locally(algo, cfg, fed, model, env, *, checkpoint=None, resume=False, desc=None, label=None) -> StageResult:
-    """The default engine: pflkit's own round loop."""
+    """The default engine: pflkit's own round loop.
+
+    ``label`` (the stage's name) is part of the engine's signature, not of the loop's: the runner passes it
+    to every engine, and Flower's (`pflkit.flower.serve`) sends it to the nodes to name the stage's client
+    states; this process's loop has no use for it."""
     return run_rounds(algo, cfg, fed, model, env, checkpoint=checkpoint, resume=resume, desc=desc)
 
 
@@ -633,8 +637,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     ``train`` is the engine that trains one stage (`train_locally`: pflkit's loop; the Flower
     server passes its own, with ``engine="flower"``). With pflkit's loop, ``engine`` says how a
     round's client updates run: ``"auto"``, ``"sequential"``, ``"threads"`` or ``"vectorized"``
-    (`pflkit.fl.engines`; ``"pflkit"`` is the older name of ``"auto"``). It does not change the
-    numbers beyond float rounding, so it is not
+    (`pflkit.fl.engines`). It does not change the numbers beyond float rounding, so it is not
     part of the fingerprint that ``resume`` checks; results.json's ``environment`` records the
     requested engine and the one each stage used. ``download`` lets a missing dataset be
     downloaded into the cache. ``keep_states`` keeps each stage's final server and client states
@@ -650,7 +653,6 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     accuracy; ``acc_std`` is the standard deviation over seeds).
     """
     out = Path(out)
-    engine = "auto" if engine == "pflkit" else engine
     if keep_states:
         train = keeping_states(train)
     if engine != "flower":

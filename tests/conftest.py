@@ -25,6 +25,15 @@ TOL = {
 }
 
 
+@pytest.fixture
+def one_intra_op_thread():
+    """One intra-op thread for the test, whatever an earlier test set (engine equivalences are checked at it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # tests never reach the network: a missing dataset is an error, not a download attempt
 os.environ.setdefault("PFLKIT_OFFLINE", "1")
 

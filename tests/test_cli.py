@@ -78,16 +78,6 @@ def test_a_finite_blow_up_exits_like_a_nan(tmp_path, monkeypatch, capsys):
     assert "diverged" in next(line for line in captured.out.splitlines() if "Global" in line)
 
 
-@pytest.fixture
-def one_intra_op_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_engine_choice_is_recorded_and_a_resume_may_change_it(tmp_path, one_intra_op_thread):
     """The engine does not change the numbers: not fingerprinted, so --resume may switch it.
 

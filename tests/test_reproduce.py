@@ -18,7 +18,8 @@ from pflkit.experiments import resolve
 from pflkit.report import claims as cl
 from pflkit.report import compact as cp
 from pflkit.report.reproduction import build_report, out_of_date
-from pflkit.fl.loop import check_finite, nbytes
+from pflkit.fl.engines import nbytes
+from pflkit.fl.loop import check_finite
 from pflkit.runner import load_final_states
 
 TINY = """\

@@ -150,4 +150,5 @@ FEDAVG = Algorithm(
     name="fedavg", label="FedAvg", config=FedAvgConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate,
     global_model=lambda state: state["weights"], exports_global=True, vectorizable=True,
+    plain_sgd=client_update,  # plain local SGD: the vectorized engine runs its rounds without client threads
 )

@@ -54,6 +54,14 @@ DATASETS: dict[str, Loader] = {
     "cifar10c": cifar10c.load_cifar10c,
 }
 
+# Readable names for titles, table headers and the reproduction report (a name not listed reads as itself).
+DATASET_NAMES = {
+    "digits": "sklearn digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "cifar10c": "CIFAR-10-C",
+    "mnist": "MNIST", "usps": "USPS", "mnist_m": "MNIST-M", "digit_domains": "MNIST / MNIST-M / USPS",
+    "omniglot": "Omniglot", "fsdd": "FSDD (spoken digits)", "speech_commands": "Speech Commands",
+    "office_caltech10": "Office-Caltech-10", "domainnet": "DomainNet", "sun397": "SUN397",
+}
+
 # Readers return the arrays of the npz schema (before features / resizing); `pack` writes them.
 READERS: dict[str, Callable[..., Found]] = {
     "digits": digits.read_digits,
@@ -73,6 +81,11 @@ READERS: dict[str, Callable[..., Found]] = {
 def dataset_names() -> list[str]:
     """Registered dataset names, the default (``digits``) first."""
     return list(DATASETS)
+
+
+def dataset_name(name: str) -> str:
+    """The readable name of a dataset (``cifar10`` -> ``CIFAR-10``); a name without one reads as itself."""
+    return DATASET_NAMES.get(name, name)
 
 
 def dataset_options(name: str) -> dict[str, object]:

@@ -213,6 +213,12 @@ class Algorithm:
             through `pflkit.fl.train.local_sgd` and its helpers, so the ``vectorized`` engine
             may run a round's clients together (`pflkit.fl.vectorized`). Off: that engine runs
             the algorithm sequentially and logs why.
+        plain_sgd: ``client_update`` itself when it is FedAvg's plain local SGD: it loads the message
+            (the model's state dict) into the model, trains it with `pflkit.fl.train.round_sgd` at the
+            round's settings and sends the trained state back (``Update(id, num("train"), state,
+            {"loss"})``), the client state unchanged. The ``vectorized`` engine then runs a round's
+            clients without a thread each (`pflkit.fl.lockstep`). A variant that replaces
+            ``client_update`` inherits the field but no longer matches it, so it is not taken for one.
         report: optional ``report(state, fed, cfg, env, client_states) -> JSON-able`` with what
             the algorithm learned per client (FedL2P's beta / eta, FedSelect's masks); the
             runner stores it beside the stage's results.
@@ -242,6 +248,7 @@ class Algorithm:
     exports_global: bool = False
     thread_unsafe: str = ""
     vectorizable: bool = False
+    plain_sgd: Callable | None = None
     eval_view: Callable = lambda state, cid, cfg, env: state
     eval_from_view: Callable | None = None
     fit_unseen: Callable | None = None

@@ -47,6 +47,7 @@ import torch
 
 from pflkit.config import ConfigError
 from pflkit.fl.algorithm import Algorithm, Env, Update
+from pflkit.fl.lockstep import plain_sgd, run_plain
 from pflkit.fl.meet import run_together
 
 log = logging.getLogger(__name__)
@@ -251,16 +252,23 @@ def _chunks(ids: list[int]) -> list[list[int]]:
 
 def run_vectorized(algo: Algorithm, state, ids: list[int], fed, client_states: dict, cfg,
                    env: Env) -> list[ClientResult]:
-    """The round's clients together: each update in its own thread, their local SGD batched
-    (`pflkit.fl.vectorized`); results in the order of ``ids``.
+    """The round's clients together, their local SGD batched (`pflkit.fl.vectorized`); results in the
+    order of ``ids``. A client update that is plain local SGD (`pflkit.fl.lockstep.plain_sgd`: FedAvg's)
+    is planned, trained and answered in this thread (`pflkit.fl.lockstep.run_plain`); any other runs in
+    a thread of its own whose `local_sgd` calls meet the others' (`pflkit.fl.meet`).
 
     The messages are made in the calling thread, in order; each thread has its own scratch
     modules (`worker_envs`). A client's new state enters ``client_states`` once it and every
     client before it in ``ids`` finished, so a failure raises as the sequential engine would.
     """
     out = []
+    direct = plain_sgd(algo, cfg)
     for chunk in _chunks(list(ids)):
         msgs = [algo.broadcast(state, cid, cfg, env) for cid in chunk]
+        if direct:
+            results = run_plain(algo, msgs, chunk, fed, client_states, cfg, env, _noter(algo))
+            out.extend((upd, new, nbytes(msg)) for msg, (upd, new) in zip(msgs, results))
+            continue
         calls = [partial(_client_update, algo, msg, fed.clients[cid], client_states.get(cid), cfg, view)
                  for cid, msg, view in zip(chunk, msgs, worker_envs(env, len(chunk)))]
         for cid, msg, (result, error) in zip(chunk, msgs, run_together(calls, _noter(algo))):

@@ -33,7 +33,7 @@ from pflkit.progress import tqdm
 
 from pflkit.config import to_dict
 from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
-from pflkit.fl.engines import check_engine, fallback_reason, nbytes  # noqa: F401 - public here too (notebooks)
+from pflkit.fl.engines import check_engine, fallback_reason
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged
 from pflkit.fl.transport import Evaluation, LocalTransport, RoundWork, Transport
@@ -249,9 +249,6 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
     if resume and checkpoint is not None and os.path.exists(checkpoint):
         ck = load_torch(checkpoint)
         start, state, history, best = ck["round"], ck["state"], ck["history"], ck["best"]
-        if "transport" not in ck:  # a checkpoint from before transports: the local client states
-            ck["transport"] = {"client_states": ck["client_states"], "best_client_states": best and best[3]}
-            best = best and best[:3]
         transport.restore(ck["transport"])
         earlier = float(ck.get("seconds", 0.0))  # time spent before the stop counts in the stage's seconds
         log.info("resumed %s at round %d from %s", algo.name, start, checkpoint)

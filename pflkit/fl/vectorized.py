@@ -2,7 +2,9 @@
 
 The vectorized engine (`pflkit.fl.engines.run_vectorized`) runs each sampled client's
 ``client_update`` in a thread whose `pflkit.fl.train.local_sgd` calls do not train but wait
-(`pflkit.fl.meet`); the calling thread runs the waiting plans together (`run_plans`, here).
+(`pflkit.fl.meet`); the calling thread runs the waiting plans together (`run_plans`, here). A client
+update that is plain local SGD (FedAvg's) needs no thread: `pflkit.fl.lockstep` plans it, runs the
+group here and takes each client's trained state from the stacks (`Request.keep`).
 
 Plans that agree on the architecture, the trainable tensors and the SGD settings form a group
 (`signature`). A group's parameters, buffers (each client's BatchNorm statistics) and momentum
@@ -58,7 +60,7 @@ from pflkit.fl.train import Batch, SGDPlan, check_finite, sgd_step
 
 log = logging.getLogger(__name__)
 
-__all__ = ["why_not", "signature", "run_plans", "Request", "paddable", "memory_budget", "MemoryProbe"]
+__all__ = ["why_not", "signature", "run_plans", "run_members", "Request", "paddable", "memory_budget", "MemoryProbe"]
 
 
 # ----------------------------------------------------------------------------- what can be batched
@@ -117,6 +119,10 @@ class Request:
     stats: dict | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    # keep: leave the trained tensors in ``state`` (the model's state-dict order, views of the group's
+    # stacks) instead of copying them into ``plan.model`` (plans may then share one model)
+    keep: bool = False
+    state: dict | None = None
 
 
 class _Fallback(Exception):
@@ -153,10 +159,12 @@ def paddable(model: nn.Module) -> bool:
     return all(isinstance(m, PER_SAMPLE) for m in leaves)
 
 
-def _forward_fn(template: nn.Module) -> Callable:
-    """``(weights, buffers, x) -> outputs`` of one client, for ``vmap`` (BatchNorm updates ``buffers`` in place)."""
-    def forward(weights, buffers, x):
-        return functional_call(template, {**weights, **buffers}, (x,))
+def _forward_fn(template: nn.Module, names: list[str]) -> Callable:
+    """``(*tensors, x) -> outputs`` of one client, its parameters and buffers (``names``, in order) given as
+    positional tensors, for ``vmap`` (BatchNorm updates the buffers in place). Positional tensors, not
+    dicts: vmap flattens its arguments every call, and a flat tuple costs the host less."""
+    def forward(*args):
+        return functional_call(template, dict(zip(names, args[:-1])), (args[-1],))
     return forward
 
 
@@ -187,12 +195,14 @@ class _Group:
         self.train = [ids[id(p)] for p in first.params]
         self.frozen = [n for n in self.names if n not in set(self.train)]
         self.bnames = [n for n, _ in first.model.named_buffers()]
-        params = [dict(p.model.named_parameters()) for p in plans]
-        bufs = [dict(p.model.named_buffers()) for p in plans]
+        # once per distinct model: the plans of a round without client threads share one (`Request.keep`)
+        models = {id(p.model): p.model for p in plans}
+        params = {k: dict(m.named_parameters()) for k, m in models.items()}
+        bufs = {k: dict(m.named_buffers()) for k, m in models.items()}
         self.pad = paddable(first.model)
         with torch.no_grad():
-            self.P = {n: torch.stack([ps[n].detach() for ps in params]) for n in self.names}
-            self.B = {n: torch.stack([bs[n] for bs in bufs]) for n in self.bnames}
+            self.P = {n: torch.stack([params[id(p.model)][n].detach() for p in plans]) for n in self.names}
+            self.B = {n: torch.stack([bufs[id(p.model)][n] for p in plans]) for n in self.bnames}
             self.A = None if first.prox is None else {
                 n: torch.stack([p.prox[1][n].to(self.P[n].device, self.P[n].dtype) for p in plans]) for n in self.names}
             masked = {n for p in plans for n, m in zip(self.train, p.grad_masks or ()) if m is not None}
@@ -202,14 +212,15 @@ class _Group:
         self.total = torch.zeros(len(plans), dtype=torch.float64, device=device)
         self.seen, self.taken = [0] * len(plans), [0] * len(plans)
         self.lam = None if first.prox is None else first.prox[0]
-        self.forward = vmap(_forward_fn(self.template))
+        self.forward = vmap(_forward_fn(self.template, self.names + self.bnames))
         self.measure: Callable[[int, int], None] | None = None  # `MemoryProbe.check`, on a budget's first step
 
     def losses(self, weights: dict, buffers: dict, anchor: dict | None, x: torch.Tensor, y: torch.Tensor,
                real: torch.Tensor | None = None):
         """Each client's loss, the terms of `pflkit.fl.train.run_sgd` in its order: the data term
         (one vmapped forward over the clients), the proximal term, the masked weight decay."""
-        value = _client_losses(self.forward(weights, buffers, x), y, real)
+        out = self.forward(*[weights[n] for n in self.names], *[buffers[n] for n in self.bnames], x)
+        value = _client_losses(out, y, real)
         if self.lam is not None:
             value = value + 0.5 * self.lam * _per_client_sum((weights[n] - anchor[n]).pow(2) for n in self.names)
         decay = self.plans[0].loss_decay
@@ -284,15 +295,26 @@ class _Group:
                                  (self.A or {}).values(), (self.P[n] for n in self.train))
         return sum(t.numel() * t.element_size() for t in stacks)
 
-    def write_back(self) -> None:
-        """Each client's trained tensors into its own model (what the ordinary loop leaves there)."""
+    def write_back(self, which: list[int]) -> None:
+        """Clients ``which``'s trained tensors into their own models (what the ordinary loop leaves there)."""
         with torch.no_grad():
-            for i, plan in enumerate(self.plans):
+            for i in which:
+                plan = self.plans[i]
                 params, buffers = dict(plan.model.named_parameters()), dict(plan.model.named_buffers())
                 for n in self.names:
                     params[n].copy_(self.P[n][i])
                 for n in self.bnames:
                     buffers[n].copy_(self.B[n][i])
+
+    def states(self, which: list[int]) -> dict[int, dict[str, torch.Tensor]]:
+        """Clients ``which``'s trained tensors as `pflkit.fl.train.get_state` would take them from their
+        models (the template's state-dict keys and order): views of the stacks, which the group no longer
+        changes, so no copy is taken."""
+        where = {id(t): ("P", n) for n, t in self.template.named_parameters()}
+        where.update({id(t): ("B", n) for n, t in self.template.named_buffers()})
+        keys = [(k, where[id(t)]) for k, t in self.template.state_dict(keep_vars=True).items()]
+        cols = {(kind, n): (self.P if kind == "P" else self.B)[n].unbind(0) for _, (kind, n) in keys}
+        return {i: {k: cols[at][i] for k, at in keys} for i in which}
 
     def stats(self, i: int, total: float) -> dict:
         """`local_sgd`'s return value for client ``i`` whose summed loss is ``total`` (`Diverged` on a
@@ -343,9 +365,11 @@ def _run_group(reqs: list[Request], budget: int | None = None) -> None:
                 src.restart(live, got, 0)  # nothing has moved yet: each plan starts over with its batches
                 raise e if isinstance(e, _Fallback) else _fallback(e) from e
         step += 1
-    group.write_back()
+    group.write_back([i for i, r in enumerate(reqs) if not r.keep])
+    kept = group.states([i for i, r in enumerate(reqs) if r.keep])
     for i, (r, total) in enumerate(zip(reqs, group.total.tolist())):  # one sync for all clients
         if r.error is None:
+            r.state = kept.get(i)
             try:
                 r.stats = group.stats(i, total)
             except Diverged as e:
@@ -416,10 +440,13 @@ def run_plans(reqs: list[Request], note: Callable[[str], None]) -> None:
     with kernels.use_backend("reference"):  # custom ops: their vmappable pure-PyTorch twins
         for members in groups.values():
             device = next(members[0].plan.model.parameters()).device
-            _run_members(members, note, memory_budget(device))
+            run_members(members, note, memory_budget(device))
 
 
-def _run_members(members: list[Request], note: Callable[[str], None], budget: int | None = None) -> None:
+def run_members(members: list[Request], note: Callable[[str], None], budget: int | None = None) -> None:
+    """Run one group of requests of equal `signature` in lockstep (`run_plans`' work per group): in chunks
+    that fit the memory ``budget``, in halves after running out of memory; requests left without stats
+    when the group could not start (``note`` hears why); errors set on the requests."""
     try:
         _run_group(members, budget)
     except _Fallback as e:
@@ -432,12 +459,12 @@ def _run_members(members: list[Request], note: Callable[[str], None], budget: in
             size = max(1, min(len(members) - 1, budget // e.per_client))
             note(f"{e}; they run in chunks of {size}")
             for i in range(0, len(members), size):
-                _run_members(members[i:i + size], note, budget)
+                run_members(members[i:i + size], note, budget)
             return
         half = len(members) // 2
         note(f"{len(members)} clients at once ran out of memory; they run in halves")
-        _run_members(members[:half], note, budget)
-        _run_members(members[half:], note, budget)
+        run_members(members[:half], note, budget)
+        run_members(members[half:], note, budget)
     except Exception as e:  # noqa: BLE001 - raised in each member's thread, as there
         for r in members:
             r.error = r.error or e

@@ -9,7 +9,7 @@ num-partitions=20 data-root='/data' state-dir='/states/3'"``; Flower >= 1.42's S
 one port: ``flower-superlink --insecure --host 0.0.0.0 --port 8000 --disable-runtime-dependency-installation``).
 """
 from pflkit.flower.client_app import build_client_app
-from pflkit.flower.server_app import build_server_app
+from pflkit.flower.serve import build_server_app
 
 server_app = build_server_app()
 client_app = build_client_app()

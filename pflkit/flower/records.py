@@ -208,7 +208,7 @@ def tensors_in(obj) -> list[torch.Tensor]:
 
 
 def record_nbytes(record: RecordDict) -> int:
-    """Tensor bytes in a RecordDict's ArrayRecords (what `pflkit.fl.loop.nbytes` counts, each tensor once)."""
+    """Tensor bytes in a RecordDict's ArrayRecords (what `pflkit.fl.engines.nbytes` counts, each tensor once)."""
     total = 0
     for rec in record.values():
         for arr in rec.values() if isinstance(rec, ArrayRecord) else ():

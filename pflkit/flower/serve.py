@@ -1,6 +1,6 @@
 """A whole pflkit experiment driven from a Flower ServerApp.
 
-`serve(grid, settings)` is what the ServerApp's ``main`` does: resolve the experiment
+`serve(grid, settings)` is what the ServerApp's ``main`` does (`build_server_app` makes that ServerApp): resolve the experiment
 from the settings (run config), map nodes to clients once, then run it with
 `pflkit.runner.run_experiment`, whose engine for each stage is a `PflkitStrategy`
 instead of pflkit's own loop. The files written are those of a pflkit run: one JSON per
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from flwr.serverapp import Grid
+from flwr.serverapp import Grid, ServerApp
 
 from pflkit.flower.runtime import experiment_from_settings, settings_for
 from pflkit.flower.nodes import NodeMap
@@ -64,3 +64,22 @@ def serve(grid: Grid, settings) -> dict:
 
 def _flag(value) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes")
+
+
+def build_server_app(settings: dict | None = None, sink: dict | None = None):
+    """A ServerApp whose ``main`` runs a pflkit experiment (`serve`).
+
+    ``settings`` are merged over the run config (``flwr run --run-config`` / the
+    ``[tool.flwr.app.config]`` table); ``sink["results"]`` receives the results dict
+    (for in-process callers such as `pflkit.flower.simulation.run_flower`).
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context) -> None:
+        merged = {**dict(context.run_config), **(settings or {})}
+        results = serve(grid, merged)
+        if sink is not None:
+            sink["results"] = results
+
+    return app

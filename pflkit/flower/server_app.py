@@ -330,26 +330,3 @@ class PflkitStrategy(Strategy):
 def _update(content: RecordDict) -> Update:
     h = content[HEADER]
     return Update(int(h["client-id"]), int(h["num-samples"]), records.get(content, PAYLOAD), dict(content[METRICS]))
-
-
-def build_server_app(settings: dict | None = None, sink: dict | None = None):
-    """A ServerApp whose ``main`` runs a pflkit experiment (`pflkit.flower.serve.serve`).
-
-    ``settings`` are merged over the run config (``flwr run --run-config`` / the
-    ``[tool.flwr.app.config]`` table); ``sink["results"]`` receives the results dict
-    (for in-process callers such as `pflkit.flower.simulation.run_flower`).
-    """
-    from flwr.serverapp import ServerApp
-
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context) -> None:
-        from pflkit.flower.serve import serve
-
-        merged = {**dict(context.run_config), **(settings or {})}
-        results = serve(grid, merged)
-        if sink is not None:
-            sink["results"] = results
-
-    return app

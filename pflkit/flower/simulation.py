@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from pflkit.experiments import ExperimentConfig
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import settings_for
-from pflkit.flower.server_app import build_server_app
+from pflkit.flower.serve import build_server_app
 
 log = logging.getLogger(__name__)
 

@@ -287,7 +287,7 @@ def _distinct(named: list[tuple[str, dict]], label: str = "FedL2P") -> tuple[lis
 
 def _beta_by_dataset(runs: list[dict]) -> dict[str, tuple[float, list[dict]]]:
     """FedL2P runs grouped by dataset (readable name): (mean kept beta, the runs), in first-seen order."""
-    from pflkit.notebooks import dataset_name
+    from pflkit.data.datasets import dataset_name  # here: the registry loads torch, the rest of claims reads JSON
 
     groups: dict[str, list[dict]] = {}
     for res in runs:

@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from pflkit.data.datasets import dataset_name
 from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import config_digest
 from pflkit.report.divergence import mark_divergence
@@ -132,8 +133,6 @@ def _stands_in_for(res: dict) -> str | None:
 
 def data_label(res: dict) -> str:
     """The data a row used: ``CIFAR-10 (offline subset)``, ``... - STAND-IN for DomainNet``."""
-    from pflkit.notebooks import dataset_name
-
     name = res.get("config", {}).get("data", {}).get("dataset", "?")
     label = dataset_name(name)
     if "subset" in (res.get("data") or {}).get("source", ""):

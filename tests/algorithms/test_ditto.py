@@ -5,24 +5,18 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.ditto import DITTO, proximal_term
 from pflkit.config import ConfigError
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
-from tests.helpers_data import digits_dataset, digits_env
-
-SETTINGS = {"rounds": 2, "fraction": 1.0, "lr": 0.05, "momentum": 0.9, "batch_size": 10, "local_epochs": 1,
-            "eval_every": 0, "keep_best": False}
-
+from tests.algorithms.conftest import SGD_ROUNDS, init_model, shards_fed
+from tests.helpers_data import digits_env
 
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "shards", 4, seed=0, split="paired", val_fraction=0.0,
-                            classes_per_client=2, samples_per_class=(20, 15))
+    return shards_fed(4)
 
 
 def _run(algo, fed, **kw):
     env = digits_env()
-    env.seed_torch("init")
-    return run_rounds(algo, algo.make_config({**SETTINGS, **kw}), fed, env.model_fn(), env)
+    return run_rounds(algo, algo.make_config({**SGD_ROUNDS, **kw}), fed, init_model(env), env)
 
 
 def test_global_model_follows_fedavg_exactly_and_personal_models_help(fed):

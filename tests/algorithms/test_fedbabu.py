@@ -6,27 +6,21 @@ from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.fedbabu import FEDBABU, aggregate
 from pflkit.config import ConfigError
 from pflkit.fl.algorithm import Update
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import evaluate_model, get_state, set_state
-from tests.helpers_data import digits_dataset, digits_env
-
-SETTINGS = {"rounds": 2, "fraction": 1.0, "lr": 0.05, "momentum": 0.9, "batch_size": 10, "local_epochs": 1,
-            "eval_every": 0, "keep_best": False}
-
+from tests.algorithms.conftest import SGD_ROUNDS, init_model, shards_fed
+from tests.helpers_data import digits_env
 
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "shards", 4, seed=0, split="paired", val_fraction=0.0,
-                            classes_per_client=2, samples_per_class=(20, 15))
+    return shards_fed(4)
 
 
 def _run(fed, **kw):
     env = digits_env()
-    env.seed_torch("init")
-    model = env.model_fn()
+    model = init_model(env)
     init = get_state(model)
-    return run_rounds(FEDBABU, FEDBABU.make_config({**SETTINGS, **kw}), fed, model, env), init, env
+    return run_rounds(FEDBABU, FEDBABU.make_config({**SGD_ROUNDS, **kw}), fed, model, env), init, env
 
 
 def test_head_is_frozen_body_learns_and_only_the_body_travels(fed):

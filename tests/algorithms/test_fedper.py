@@ -5,37 +5,21 @@ import pytest
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
-from pflkit.models import build_model
-from tests.helpers_data import digits_dataset
+from tests.algorithms.conftest import head_sharing_cfg, init_model, mlp_env, pathological_fed
 
 FEDPER = ALGORITHMS["fedper"]
 HEAD = {"head.weight", "head.bias"}
 
 
-def _env():
-    return Env(model_fn=lambda: build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=(16,)), seed=0)
-
-
-def _model(env):
-    env.seed_torch("init")
-    return env.model_fn()
-
-
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "pathological", 8, seed=0, classes_per_client=2)
-
-
-def _cfg(algo, **kw):
-    return algo.make_config({"rounds": 4, "fraction": 0.5, "lr": 0.05, "local_steps": 3, "eval_every": 2, **kw})
+    return pathological_fed(8)
 
 
 def test_fedper_keeps_heads_local_and_averages_bodies(fed):
-    env, cfg = _env(), _cfg(FEDPER)
-    model = _model(env)
+    env, cfg = mlp_env(), head_sharing_cfg(FEDPER)
+    model = init_model(env)
     state = FEDPER.init(model, fed, cfg, env)
     first = FEDPER.broadcast(state, 0, cfg, env)
     assert not HEAD & set(first["shared"]) and set(first["personal"]) == HEAD
@@ -52,8 +36,8 @@ def test_fedper_keeps_heads_local_and_averages_bodies(fed):
 
 
 def test_fedper_traffic_is_the_body_after_first_contact(fed):
-    env, cfg = _env(), _cfg(FEDPER, rounds=6)
-    model = _model(env)
+    env, cfg = mlp_env(), head_sharing_cfg(FEDPER, rounds=6)
+    model = init_model(env)
     res = run_rounds(FEDPER, cfg, fed, model, env)
     body = sum(p.numel() * 4 for n, p in model.named_parameters() if n not in HEAD)
     assert all(r["bytes_up"] == r["clients"] * body for r in res.history)
@@ -62,6 +46,6 @@ def test_fedper_traffic_is_the_body_after_first_contact(fed):
 
 
 def test_a_split_with_an_empty_part_is_refused(fed):
-    env = _env()
+    env = mlp_env()
     with pytest.raises(ValueError, match="empty part"):
-        FEDPER.init(_model(env), fed, FEDPER.make_config({"personal": ["nothing"]}), env)
+        FEDPER.init(init_model(env), fed, FEDPER.make_config({"personal": ["nothing"]}), env)

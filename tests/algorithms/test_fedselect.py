@@ -11,17 +11,17 @@ from pflkit.algorithms.fedselect import (
 )
 from pflkit.config import ConfigError
 from pflkit.fl.algorithm import Env, Update
-from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import nbytes, run_rounds
+from pflkit.fl.engines import nbytes
+from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import get_state
 from pflkit.models import build_model
-from tests.helpers_data import digits_dataset, digits_env
+from tests.algorithms.conftest import shards_fed
+from tests.helpers_data import digits_env
 
 
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "shards", 4, seed=0, split="paired", val_fraction=0.0,
-                            classes_per_client=2, samples_per_class=(20, 15))
+    return shards_fed(4)
 
 
 def _cfg(algo=FEDSELECT, **kw):

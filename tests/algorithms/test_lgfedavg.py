@@ -4,38 +4,22 @@ from __future__ import annotations
 import pytest
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import build_federation
 from pflkit.fl.engines import nbytes
 from pflkit.fl.loop import run_rounds
-from pflkit.models import build_model
-from tests.helpers_data import digits_dataset
+from tests.algorithms.conftest import head_sharing_cfg, init_model, mlp_env, pathological_fed
 
 LG = ALGORITHMS["lgfedavg"]
 HEAD = {"head.weight", "head.bias"}
 
 
-def _env():
-    return Env(model_fn=lambda: build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=(16,)), seed=0)
-
-
-def _model(env):
-    env.seed_torch("init")
-    return env.model_fn()
-
-
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "pathological", 8, seed=0, classes_per_client=2)
-
-
-def _cfg(algo, **kw):
-    return algo.make_config({"rounds": 4, "fraction": 0.5, "lr": 0.05, "local_steps": 3, "eval_every": 2, **kw})
+    return pathological_fed(8)
 
 
 def test_lgfedavg_sends_only_the_global_head(fed):
-    env, cfg = _env(), _cfg(LG)
-    model = _model(env)
+    env, cfg = mlp_env(), head_sharing_cfg(LG)
+    model = init_model(env)
     assert LG.needs_pretrained
     state = LG.init(model, fed, cfg, env)
     assert set(state["weights"]) == HEAD
@@ -47,6 +31,6 @@ def test_lgfedavg_sends_only_the_global_head(fed):
 
 
 def test_a_split_with_nothing_local_is_refused(fed):
-    env = _env()
+    env = mlp_env()
     with pytest.raises(ValueError, match="empty part"):
-        LG.init(_model(env), fed, LG.make_config({"global_layers": ["hidden", "head"]}), env)
+        LG.init(init_model(env), fed, LG.make_config({"global_layers": ["hidden", "head"]}), env)

@@ -5,9 +5,9 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.lotteryfl import LOTTERYFL, prunable_names, prune, rewind
 from pflkit.config import ConfigError
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
-from tests.helpers_data import digits_dataset, digits_env
+from tests.algorithms.conftest import shards_fed
+from tests.helpers_data import digits_env
 
 
 def test_prune_drops_the_smallest_magnitudes_by_hand():
@@ -23,8 +23,7 @@ def test_prune_drops_the_smallest_magnitudes_by_hand():
 
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "shards", 3, seed=0, split="paired", val_fraction=0.0,
-                            classes_per_client=2, samples_per_class=(20, 15))
+    return shards_fed(3)
 
 
 def _run(fed, rounds, **kw):

@@ -8,27 +8,15 @@ from torch.func import functional_call
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms import perfedavg
-from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
-from pflkit.models import build_model
-from tests.helpers_data import digits_dataset
+from tests.algorithms.conftest import init_model, mlp_env, pathological_fed
 
 FO, HF = ALGORITHMS["perfedavg"], ALGORITHMS["perfedavg_hf"]
 
 
-def _env():
-    return Env(model_fn=lambda: build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=(16,)), seed=0)
-
-
-def _model(env):
-    env.seed_torch("init")
-    return env.model_fn()
-
-
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "pathological", 30, seed=0, classes_per_client=2)
+    return pathological_fed(30)
 
 
 def _loss(model, params, x, y):
@@ -48,11 +36,11 @@ def _hand_step(model, w, x, y, alpha, beta, hf):
 
 @pytest.mark.parametrize("algo,hvp", [(FO, "finite_difference"), (HF, "finite_difference"), (HF, "exact")])
 def test_local_step_matches_hand_computation(fed, algo, hvp):
-    env = _env()
+    env = mlp_env()
     cfg = algo.make_config({"local_steps": 1, "alpha": 0.1, "lr": 0.05, "batch_size": 64, "hvp": hvp})
     client = fed.clients[2]
     assert client.num("train") < 64  # D, D', D'' are all the whole train split
-    w = dict(_model(env).state_dict())
+    w = dict(init_model(env).state_dict())
     up, _ = algo.client_update(dict(w), client, None, cfg, env)
     want = _hand_step(env.model_fn(), w, *client.tensors("train"), 0.1, 0.05, algo is HF)
     tol = {"rtol": 1e-4, "atol": 2e-6} if hvp != "finite_difference" or algo is FO else {"rtol": 1e-3, "atol": 2e-5}
@@ -64,10 +52,10 @@ def test_local_step_matches_hand_computation(fed, algo, hvp):
 
 
 def test_evaluation_personalizes_with_one_step_of_alpha(fed):
-    env = _env()
+    env = mlp_env()
     cfg = FO.make_config({"alpha": 0.2, "batch_size": 64, "personalize_steps": 1})
     client = fed.clients[4]
-    w = dict(_model(env).state_dict())
+    w = dict(init_model(env).state_dict())
     model = perfedavg.personalized(w, client, cfg, env)
     x, y = client.tensors("train")
     p = {k: v.clone().requires_grad_() for k, v in w.items()}
@@ -77,8 +65,8 @@ def test_evaluation_personalizes_with_one_step_of_alpha(fed):
 
 
 def test_exports_the_meta_learned_global_model(fed):
-    env = _env()
+    env = mlp_env()
     cfg = HF.make_config({"rounds": 2, "fraction": 0.2, "local_steps": 2, "eval_every": 0})
-    res = run_rounds(HF, cfg, fed, _model(env), env)
+    res = run_rounds(HF, cfg, fed, init_model(env), env)
     assert HF.exports_global and res.status == "ok"
-    assert set(HF.global_model(res.state)) == set(_model(env).state_dict())
+    assert set(HF.global_model(res.state)) == set(init_model(env).state_dict())

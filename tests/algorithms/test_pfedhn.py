@@ -18,24 +18,16 @@ from pflkit.fl.algorithm import Env, Update
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
+from tests.algorithms.conftest import init_model, mlp_env, pathological_fed
 from tests.helpers_data import digits_dataset
 
 PFEDHN, PFEDHN_PC = ALGORITHMS["pfedhn"], ALGORITHMS["pfedhn_pc"]
 
 
-def _env(seed=0):
-    return Env(model_fn=lambda: build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=(16,)), seed=seed)
-
-
-def _model(env):
-    env.seed_torch("init")
-    return env.model_fn()
-
-
 @pytest.fixture(scope="module")
 def fed():
     # 30 clients of about 40 samples: each client's train split (< 64) is one whole batch
-    return build_federation(digits_dataset(), "pathological", 30, seed=0, classes_per_client=2)
+    return pathological_fed(30)
 
 
 def _cfg(algo=PFEDHN, **kw):
@@ -56,8 +48,8 @@ def _net(state):
 
 
 def test_surrogate_grads_equal_autograd_of_the_surrogate_loss(fed):
-    env = _env()
-    state = PFEDHN.init(_model(env), fed, _cfg(), env)
+    env = mlp_env()
+    state = PFEDHN.init(init_model(env), fed, _cfg(), env)
     gen = torch.Generator().manual_seed(1)
     rows = [3, 7]
     deltas = [{k: 0.1 * torch.randn(s, generator=gen) for k, s in state["spec"]["targets"].items()} for _ in rows]
@@ -76,8 +68,8 @@ def test_surrogate_grads_equal_autograd_of_the_surrogate_loss(fed):
 
 
 def test_aggregate_is_one_sgd_step_on_the_surrogate_mean_over_clients(fed):
-    env, cfg = _env(), _plain(server_lr=0.3)
-    state = PFEDHN.init(_model(env), fed, cfg, env)
+    env, cfg = mlp_env(), _plain(server_lr=0.3)
+    state = PFEDHN.init(init_model(env), fed, cfg, env)
     gen = torch.Generator().manual_seed(2)
     ups = [Update(c, 10, {"delta": {k: 0.05 * torch.randn(s, generator=gen) for k, s in state["spec"]["targets"].items()}})
            for c in (4, 9)]
@@ -92,16 +84,16 @@ def test_aggregate_is_one_sgd_step_on_the_surrogate_mean_over_clients(fed):
             want = p - 0.3 * 0.5 * (per[0][name] + per[1][name])
         torch.testing.assert_close(new["hnet"][name], want, rtol=1e-5, atol=1e-6)
     # the input state is not modified
-    torch.testing.assert_close(state["hnet"]["embeddings"], PFEDHN.init(_model(env), fed, cfg, env)["hnet"]["embeddings"])
+    torch.testing.assert_close(state["hnet"]["embeddings"], PFEDHN.init(init_model(env), fed, cfg, env)["hnet"]["embeddings"])
 
 
 def test_one_local_step_gives_the_plain_chain_rule_gradient(fed):
     """K = 1: phi <- phi - alpha * eta * grad_phi L_i(h(v_i; phi)) (sec. 3.2, App. C.2.1)."""
-    env, eta, alpha, cid = _env(), 0.05, 0.5, 5
+    env, eta, alpha, cid = mlp_env(), 0.05, 0.5, 5
     cfg = _plain(local_steps=1, lr=eta, server_lr=alpha, batch_size=64)
     client = fed.clients[cid]
     assert client.num("train") < 64  # the one batch is the whole train split
-    state = PFEDHN.init(_model(env), fed, cfg, env)  # a fresh Env is in round 0
+    state = PFEDHN.init(init_model(env), fed, cfg, env)  # a fresh Env is in round 0
     upd, _ = PFEDHN.client_update(PFEDHN.broadcast(state, cid, cfg, env), client, None, cfg, env)
     new = PFEDHN.aggregate(state, [upd], cfg, env)
     net, target = _net(state), env.model_fn()
@@ -115,8 +107,8 @@ def test_one_local_step_gives_the_plain_chain_rule_gradient(fed):
 
 
 def test_pc_never_sends_the_classifier_and_keeps_it_local(fed):
-    env, cfg = _env(), _cfg(PFEDHN_PC, rounds=4, fraction=0.1)
-    model = _model(env)
+    env, cfg = mlp_env(), _cfg(PFEDHN_PC, rounds=4, fraction=0.1)
+    model = init_model(env)
     head = {"head.weight", "head.bias"}
     state = PFEDHN_PC.init(model, fed, cfg, env)
     assert not head & set(state["spec"]["targets"])
@@ -133,27 +125,27 @@ def test_pc_never_sends_the_classifier_and_keeps_it_local(fed):
 
 
 def test_resume_gives_the_same_hypernetwork(fed, tmp_path):
-    env, cfg = _env(), _cfg(rounds=4)
-    a = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    env, cfg = mlp_env(), _cfg(rounds=4)
+    a = run_rounds(PFEDHN, cfg, fed, init_model(env), env, test=False)
     ck = tmp_path / "ck.pt"
-    run_rounds(PFEDHN, dataclasses.replace(cfg, rounds=2), fed, _model(_env()), _env(), checkpoint=ck, test=False)
-    b = run_rounds(PFEDHN, cfg, fed, _model(_env()), _env(), checkpoint=ck, resume=True, test=False)
+    run_rounds(PFEDHN, dataclasses.replace(cfg, rounds=2), fed, init_model(mlp_env()), mlp_env(), checkpoint=ck, test=False)
+    b = run_rounds(PFEDHN, cfg, fed, init_model(mlp_env()), mlp_env(), checkpoint=ck, resume=True, test=False)
     for k in a.state["hnet"]:
         torch.testing.assert_close(a.state["hnet"][k], b.state["hnet"][k], rtol=0, atol=0)
     assert a.state["opt"]["step"] == 4
 
 
 def test_fixed_class_proportion_embeddings_stay_fixed(fed):
-    env, cfg = _env(), _cfg(embeddings="class_proportions", rounds=3, fraction=0.2)
-    res = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    env, cfg = mlp_env(), _cfg(embeddings="class_proportions", rounds=3, fraction=0.2)
+    res = run_rounds(PFEDHN, cfg, fed, init_model(env), env, test=False)
     p_hat = pfedhn.class_proportions(fed)
     torch.testing.assert_close(pfedhn.embeddings(res.state), p_hat)
     np.testing.assert_allclose(p_hat.sum(0).numpy()[p_hat.sum(0).numpy() > 0], 1.0, rtol=1e-6)
 
 
 def test_spectral_norm_bounds_every_layer(fed):
-    env, cfg = _env(), _cfg(spectral_norm=True, rounds=3)
-    res = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    env, cfg = mlp_env(), _cfg(spectral_norm=True, rounds=3)
+    res = run_rounds(PFEDHN, cfg, fed, init_model(env), env, test=False)
     net = hn.materialize(res.state["spec"], res.state["hnet"])
     for m in net.modules():
         if isinstance(m, torch.nn.Linear):
@@ -162,12 +154,12 @@ def test_spectral_norm_bounds_every_layer(fed):
 
 
 def test_novel_clients_learn_only_their_embeddings(fed):
-    env, cfg = _env(), _cfg(rounds=4)
-    train = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    env, cfg = mlp_env(), _cfg(rounds=4)
+    train = run_rounds(PFEDHN, cfg, fed, init_model(env), env, test=False)
     algo = pfedhn.novel_client_algorithm(train.state, 2)
     novel_fed = build_federation(digits_dataset(), "pathological", 2, seed=3, classes_per_client=2)
     ncfg = dataclasses.replace(cfg, train_hypernet=False, rounds=3, fraction=1.0)
-    res = run_rounds(algo, ncfg, novel_fed, _model(env), env)
+    res = run_rounds(algo, ncfg, novel_fed, init_model(env), env)
     for k, v in train.state["hnet"].items():
         if k != "embeddings":
             torch.testing.assert_close(res.state["hnet"][k], v, rtol=0, atol=0)
@@ -175,7 +167,7 @@ def test_novel_clients_learn_only_their_embeddings(fed):
     assert emb.shape[0] == 32 and torch.equal(emb[:30], train.state["hnet"]["embeddings"])
     assert not torch.allclose(emb[30], train.state["hnet"]["embeddings"].mean(0))
     with pytest.raises(ConfigError, match="train_hypernet"):
-        run_rounds(algo, cfg, novel_fed, _model(env), env)
+        run_rounds(algo, cfg, novel_fed, init_model(env), env)
 
 
 def _images16(n=240, seed=0):
@@ -190,12 +182,12 @@ def test_budget_groups_receive_their_width_from_one_hypernetwork():
     fed = build_federation(_images16(), "iid", 6, seed=0)
     env = Env(model_fn=lambda: build_model("lenet", num_classes=4, input_shape=(1, 16, 16)), seed=0)
     cfg = _cfg(budget_widths=(2, 4, 8), rounds=3, fraction=0.5, local_steps=1)
-    state = PFEDHN.init(_model(env), fed, cfg, env)
+    state = PFEDHN.init(init_model(env), fed, cfg, env)
     assert {n.split("/")[0] for n in state["spec"]["targets"]} == {"w2", "w4", "w8"}
     for cid, width in [(0, 2), (1, 2), (2, 4), (5, 8)]:
         msg = PFEDHN.broadcast(state, cid, cfg, env)
         assert msg["width"] == width and msg["theta"]["conv1.weight"].shape[0] == width
-    res = run_rounds(PFEDHN, cfg, fed, _model(env), env)
+    res = run_rounds(PFEDHN, cfg, fed, init_model(env), env)
     assert res.status == "ok" and len(res.per_client) == 6
 
 
@@ -307,9 +299,9 @@ def test_fit_embedding_steps_are_torch_sgd_with_decay_momentum_and_clipping():
 
 def test_novel_fit_one_step_is_the_chain_rule_gradient_of_the_clients_loss(fed):
     """K = 1, plain SGD, a full-batch client: v_new <- v_new - alpha * eta * grad_v CE(f(x; h(v_new; phi)))."""
-    env, eta, alpha = _env(), 0.05, 0.5
+    env, eta, alpha = mlp_env(), 0.05, 0.5
     cfg = _plain(local_steps=1, lr=eta, server_lr=alpha, batch_size=64, rounds=2)
-    train = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    train = run_rounds(PFEDHN, cfg, fed, init_model(env), env, test=False)
     client = fed.clients[7]  # the 30 clients again, as novel ones: rows 30..59
     ncfg = dataclasses.replace(cfg, train_hypernet=False, novel_max_steps=1)
     state = pfedhn.novel_client_algorithm(train.state, 30).init(None, fed, ncfg, env)
@@ -332,8 +324,8 @@ def test_novel_fit_one_step_is_the_chain_rule_gradient_of_the_clients_loss(fed):
 
 
 def test_fit_novel_clients_converges_by_default_and_keeps_the_old_budget_as_an_option(fed):
-    env, cfg = _env(), _cfg(rounds=4)
-    train = run_rounds(PFEDHN, cfg, fed, _model(env), env, test=False)
+    env, cfg = mlp_env(), _cfg(rounds=4)
+    train = run_rounds(PFEDHN, cfg, fed, init_model(env), env, test=False)
     novel_fed = build_federation(digits_dataset(), "pathological", 2, seed=3, classes_per_client=2)
     assert PFEDHN.make_config({}).novel_fit == "converge"
     conv = pfedhn.fit_novel_clients(train.state, novel_fed, dataclasses.replace(cfg, novel_max_steps=40,

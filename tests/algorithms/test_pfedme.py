@@ -7,27 +7,16 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.algorithm import Env, Update
-from pflkit.fl.federation import build_federation
+from pflkit.fl.algorithm import Update
 from pflkit.fl.loop import run_rounds
-from pflkit.models import build_model
-from tests.helpers_data import digits_dataset
+from tests.algorithms.conftest import init_model, mlp_env, pathological_fed
 
 PFEDME = ALGORITHMS["pfedme"]
 
 
-def _env():
-    return Env(model_fn=lambda: build_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=(16,)), seed=0)
-
-
-def _model(env):
-    env.seed_torch("init")
-    return env.model_fn()
-
-
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(digits_dataset(), "pathological", 30, seed=0, classes_per_client=2)
+    return pathological_fed(30)
 
 
 def _grad(model, weights, x, y):
@@ -39,12 +28,12 @@ def _grad(model, weights, x, y):
 def test_one_round_one_inner_step_matches_the_closed_form(fed):
     """R = K = 1 from w: theta = w - plr grad f(w) (the prox term vanishes at theta = w),
     then w_i = w - lr lam (w - theta) = w - lr lam plr grad f(w)."""
-    env = _env()
+    env = mlp_env()
     cfg = PFEDME.make_config({"local_steps": 1, "inner_steps": 1, "lam": 15.0, "personal_lr": 0.05, "lr": 0.01,
                               "batch_size": 64})
     client = fed.clients[3]
     assert client.num("train") < 64
-    w = _model(env).state_dict()
+    w = init_model(env).state_dict()
     up, _ = PFEDME.client_update({k: v.clone() for k, v in w.items()}, client, None, cfg, env)
     g = _grad(env.model_fn(), w, *client.tensors("train"))
     for k in w:
@@ -52,8 +41,8 @@ def test_one_round_one_inner_step_matches_the_closed_form(fed):
 
 
 def test_strong_prox_keeps_the_personal_model_near_the_local_model(fed):
-    env = _env()
-    w = _model(env).state_dict()
+    env = mlp_env()
+    w = init_model(env).state_dict()
     dist = {}
     for lam in (0.1, 50.0):
         cfg = PFEDME.make_config({"local_steps": 3, "inner_steps": 5, "lam": lam, "personal_lr": 0.01,
@@ -64,9 +53,9 @@ def test_strong_prox_keeps_the_personal_model_near_the_local_model(fed):
 
 
 def test_server_mixes_with_beta(fed):
-    env = _env()
+    env = mlp_env()
     cfg = PFEDME.make_config({"beta": 2.0})
-    state = PFEDME.init(_model(env), fed, cfg, env)
+    state = PFEDME.init(init_model(env), fed, cfg, env)
     a = {k: torch.randn_like(v) for k, v in state["weights"].items()}
     b = {k: torch.randn_like(v) for k, v in state["weights"].items()}
     new = PFEDME.aggregate(state, [Update(0, 1, a), Update(1, 3, b)], cfg, env)
@@ -75,7 +64,7 @@ def test_server_mixes_with_beta(fed):
 
 
 def test_runs_and_personalizes(fed):
-    env = _env()
+    env = mlp_env()
     cfg = PFEDME.make_config({"rounds": 3, "fraction": 0.2, "local_steps": 2, "eval_every": 0})
-    res = run_rounds(PFEDME, cfg, fed, _model(env), env)
+    res = run_rounds(PFEDME, cfg, fed, init_model(env), env)
     assert res.status == "ok" and len(res.per_client) == 30

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from pflkit.data.base import DatasetNotFoundError, to_float
-from pflkit.data.datasets import DATASETS, dataset_names, dataset_options, load_dataset
+from pflkit.data.datasets import DATASET_NAMES, DATASETS, dataset_name, dataset_names, dataset_options, load_dataset
 from pflkit.data.pack import pack
 
 SHARED = Path(os.environ.get("PFLKIT_DATA") or "/nonexistent-pflkit-data")  # CI sets $PFLKIT_DATA
@@ -35,6 +35,8 @@ def images(n, h, w, c=None):
 
 def test_registry_names_and_option_errors():
     assert dataset_names()[0] == "digits" and set(dataset_names()) == set(DATASETS)
+    assert set(DATASET_NAMES) == set(DATASETS)  # every dataset of pflkit's own has its readable name
+    assert dataset_name("cifar10") == "CIFAR-10" and dataset_name("mine") == "mine"
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'.*digits.*cifar10.*sun397"):
         load_dataset("imagenet")
     with pytest.raises(TypeError, match="'digits' has no option 'size'"):

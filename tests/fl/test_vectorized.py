@@ -23,15 +23,15 @@ from pflkit.algorithms import ALGORITHMS
 from pflkit.errors import Diverged
 from pflkit.fl import engines
 from pflkit.fl.engines import fallback_reason, resolve_engine
-from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import SGDPlan, get_state, local_sgd, run_sgd
 from pflkit.fl.meet import run_together
 from pflkit.fl.vectorized import Request, run_plans, signature, why_not
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
+from tests.fl.conftest import uneven_clients
 from tests.helpers_compare import assert_tree
-from tests.helpers_data import digits_dataset, digits_env
+from tests.helpers_data import digits_env
 
 F32 = TOL[torch.float32]
 VECTORIZABLE = sorted(n for n, a in ALGORITHMS.items() if a.vectorizable)
@@ -40,17 +40,10 @@ OTHERS = sorted(n for n, a in ALGORITHMS.items() if not a.vectorizable)
 
 @pytest.fixture(scope="module")
 def fed():
-    # 3 classes per client: 226 / 293 / 286 / 345 train images, so at batch 16 the clients take
-    # 15 / 19 / 18 / 22 steps an epoch and their last batches differ in size
-    return build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    return uneven_clients()
 
 
-@pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def smooth(model_fn):
@@ -294,12 +287,14 @@ def test_rounds_of_many_clients_run_in_chunks(fed, monkeypatch):
     # smooth layers (`smooth`): a batched convolution's backward rounds differently for 3 clients than
     # for 4, and a ReLU at rounding distance of zero would turn that into another subgradient
     whole = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized", smooth_layers=True)
-    sizes = []
-    real = engines.run_together
+    sizes, trained = [], []
+    real, plain = engines.run_together, engines.run_plain
     monkeypatch.setattr(engines, "run_together", lambda calls, note: sizes.append(len(calls)) or real(calls, note))
+    monkeypatch.setattr(engines, "run_plain", lambda algo, msgs, *a: trained.append(len(msgs)) or plain(algo, msgs, *a))
     monkeypatch.setenv("PFLKIT_VECTOR_CLIENTS", "3")
     chunked = _run(ALGORITHMS["fedavg"], cfg, fed, "vectorized", smooth_layers=True)
-    assert sizes and set(sizes) == {3, 1}
+    assert sizes and set(sizes) == {3, 1}  # the evaluation passes, in client threads
+    assert trained and set(trained) == {3, 1}  # FedAvg's rounds, without (`pflkit.fl.lockstep`)
     assert_tree(chunked.state, whole.state, "state", tol=F32)
     assert_tree(chunked.per_client, whole.per_client, "per_client", tol=F32)
 

@@ -11,32 +11,25 @@ from torch import nn
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.fl import meet, vectorized
-from pflkit.fl.federation import build_federation
 from pflkit.fl.train import SGDPlan, get_state, run_sgd, sgd_batches
-from pflkit.fl.lockstep_batches import positions
+from pflkit.fl.lockstep_batches import Source, pooled_steps, positions
 from pflkit.fl.meet import run_together
 from pflkit.fl.vectorized import MemoryProbe, Request, memory_budget, paddable, run_plans
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
 from tests.fl.test_vectorized import _run
+from tests.fl.conftest import uneven_clients
 from tests.helpers_compare import assert_tree
-from tests.helpers_data import digits_dataset
 
 F32 = TOL[torch.float32]
 
 
 @pytest.fixture(scope="module")
 def fed():
-    # 226 / 293 / 286 / 345 train images: at batch 16 the clients' last batches differ in size
-    return build_federation(digits_dataset(600), "pathological", 4, seed=0, classes_per_client=3)
+    return uneven_clients()
 
 
-@pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.mark.parametrize("mode", [{"epochs": 2}, {"steps": 5}], ids=["epochs", "steps"])
@@ -64,6 +57,37 @@ def test_positions_refuse_what_they_cannot_say(fed):
     augmented = dataclasses.replace(client, augment="flip")
     assert positions(sgd_batches(augmented, "train", 16, torch.Generator())) is None
     assert positions(iter([])) is None
+
+
+@pytest.mark.parametrize("prefetch", [Source.prefetch, 1], ids=["one-block", "a-block-a-step"])
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "by-size"])
+def test_a_steps_gathered_batches_are_each_clients_own(fed, pad, prefetch, monkeypatch):
+    """`pooled_steps` from the up-front index table and the prefetched blocks (by default from the clients' samples
+    converted once; with a prefetch of 1 byte, converted block by block): at every step each live
+    client's rows are the batch its stream would give (padded with copies of its first sample), clients
+    whose stream ended left out."""
+    monkeypatch.setattr(Source, "prefetch", prefetch)
+    streams = [sgd_batches(fed.clients[i], "train", 40, torch.Generator().manual_seed(i), epochs=2) for i in range(4)]
+    want = [list(sgd_batches(fed.clients[i], "train", 40, torch.Generator().manual_seed(i), epochs=2))
+            for i in range(4)]
+    src = Source([Request(None, s) for s in streams])
+    assert src.pooled
+    live, step = [0, 1, 2, 3], 0
+    while live:
+        live, work = pooled_steps(src, live, step, pad)
+        assert live == [i for i in range(4) if step < len(want[i])]
+        seen = []
+        for idx, (x, y), counts in work:
+            for row, i in enumerate(idx):
+                wx, wy = want[i][step]
+                n = len(wy)
+                assert (counts[row] if counts else y.shape[1]) == n
+                assert torch.equal(x[row, :n], wx) and torch.equal(y[row, :n], wy)
+                assert all(torch.equal(x[row, k], wx[0]) for k in range(n, x.shape[1]))  # padding: its first
+                seen.append(i)
+        assert sorted(seen) == live
+        step += 1
+    assert step == max(len(w) for w in want) + 1
 
 
 class PerSample(nn.Module):

@@ -42,6 +42,16 @@ def experiment(methods=None, extra=None, **changes):
     return resolve(raw, "smoke")
 
 
+def rounded(x):
+    """``x`` without its ``seconds`` entries and with floats to 6 significant digits: what two runs of the
+    same thing on different processes or machines have in common."""
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items() if k != "seconds"}
+    if isinstance(x, list):
+        return [rounded(v) for v in x]
+    return float(f"{x:.6g}") if isinstance(x, float) else x
+
+
 def assert_same_run(loop: dict, flower: dict, label: str) -> None:
     """History (losses, validation, schedule) and every client's test metrics, to float tolerance."""
     a, b = loop["rounds"][label]["seed0"], flower["rounds"][label]["seed0"]

@@ -20,6 +20,7 @@ import pytest
 from pflkit.experiments import resolve
 from pflkit.runner import run_experiment
 from tests.flower.deployment import SHORT_HEARTBEAT, Deployment, flower_cli_available, wait_until
+from tests.flower.helpers_flower import rounded
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not flower_cli_available(), reason="Flower's CLI (flwr, flower-superlink) not found")]
@@ -32,14 +33,7 @@ UNAVAILABLE = "Error: Node Unavailable"  # the SuperLink's reply for a node whos
 
 def numbers(res: dict) -> dict:
     """What a run found (accuracies, per-client metrics, history), floats to 6 significant digits."""
-    def walk(x):
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items() if k != "seconds"}
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        return float(f"{x:.6g}") if isinstance(x, float) else x
-
-    return walk({"status": res["status"], "methods": res["methods"], "rounds": res["rounds"]})
+    return rounded({"status": res["status"], "methods": res["methods"], "rounds": res["rounds"]})
 
 
 def stage(seed_dir: Path, name: str) -> dict:

@@ -11,7 +11,8 @@ from pflkit.flower.client_app import build_client_app
 from pflkit.flower.failures import LIMIT, LOG_FILE, one_line
 from pflkit.flower.nodes import NodeMap
 from pflkit.flower.runtime import settings_for
-from pflkit.flower.server_app import PflkitStrategy, build_server_app
+from pflkit.flower.serve import build_server_app
+from pflkit.flower.server_app import PflkitStrategy
 from pflkit.flower.simulation import LocalGrid, run_flower, run_inprocess
 from pflkit.io import read_json
 from tests.flower.helpers_flower import experiment

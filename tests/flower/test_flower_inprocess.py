@@ -12,12 +12,14 @@ from pflkit.fl.algorithm import Env
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
-from pflkit.flower.server_app import NodeMap, PflkitStrategy, build_server_app
+from pflkit.flower.nodes import NodeMap
+from pflkit.flower.serve import build_server_app
+from pflkit.flower.server_app import PflkitStrategy
 from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
 from pflkit.runner import initial_model, make_env, run_experiment
-from tests.flower.helpers_flower import assert_same_run, experiment
+from tests.flower.helpers_flower import assert_same_run, experiment, rounded
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +127,7 @@ def stop_fedselect_at_round_1(monkeypatch, cfg, out, **kw):
 def comparable(results: dict):
     """results.json content less what differs between two runs of the same thing (times, versions, the
     machine, which engine ran), floats to 6 significant digits."""
-    def walk(x):
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items() if k != "seconds"}
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        return float(f"{x:.6g}") if isinstance(x, float) else x
-
-    return walk({k: v for k, v in results.items() if k not in ("timing", "version", "environment", "engine")})
+    return rounded({k: v for k, v in results.items() if k not in ("timing", "version", "environment", "engine")})
 
 
 def test_flower_writes_the_local_runs_results_and_a_stopped_flower_run_resumes_to_them(tmp_path, monkeypatch):

@@ -26,3 +26,20 @@ def _restore_backend():
     previous = kernels.get_backend()
     yield
     kernels.set_backend(previous)
+
+
+@pytest.fixture
+def triton_launches(monkeypatch) -> list[str]:
+    """The names of the Triton kernels launched while the test runs, in launch order (each launch goes
+    through `LazyKernel.__getitem__`, the ``kernel[grid]`` step, which is counted and then run as usual)."""
+    from pflkit.kernels import _triton_common
+
+    launches: list[str] = []
+    original = _triton_common.LazyKernel.__getitem__
+
+    def counting(self, grid):
+        launches.append(self.fn.__name__)
+        return original(self, grid)
+
+    monkeypatch.setattr(_triton_common.LazyKernel, "__getitem__", counting)
+    return launches

@@ -101,20 +101,12 @@ def test_triton_outputs_feed_the_next_iteration_aligned():
 
 
 @requires_triton
-def test_triton_one_launch_per_call(monkeypatch):
+def test_triton_one_launch_per_call(triton_launches):
     """Q iterations cost Q launches, whatever the number of tensors."""
-    launches = []
-    original = _triton_common.LazyKernel.__getitem__
-
-    def counting(self, grid):
-        launches.append(self.fn.__name__)
-        return original(self, grid)
-
-    monkeypatch.setattr(_triton_common.LazyKernel, "__getitem__", counting)
     v, hv, p = _lists([(4,)] * 30, torch.float32)
     for _ in range(3):
         v, p = neumann_triton.neumann_update(v, hv, p, 0.1)
-    assert launches == ["_neumann_kernel"] * 3
+    assert triton_launches == ["_neumann_kernel"] * 3
 
 
 @requires_triton

@@ -13,8 +13,12 @@ import torch
 
 from ..base import Dataset
 from .common import check_positive_int, check_subset, image_dataset, resize_images, to_rgb
+from .mnist_family import load_mnist, load_mnist_m, load_usps
 
-DIGIT_DOMAINS = ("mnist", "mnist_m", "usps")
+# Each domain's own loader (the ones the registry lists under the same names): a composite is built from
+# the sources below it, never through the registry above it.
+DOMAIN_LOADERS = {"mnist": load_mnist, "mnist_m": load_mnist_m, "usps": load_usps}
+DIGIT_DOMAINS = tuple(DOMAIN_LOADERS)
 
 
 def _equal_subsets(sizes: Sequence[int], cap: int | None, rng: np.random.Generator) -> list[np.ndarray]:
@@ -27,7 +31,7 @@ def load_digit_domains(root=None, *, download: bool = False, size: int = 32, per
                        domains: Sequence[str] = DIGIT_DOMAINS, seed: int = 0) -> Dataset:
     """MNIST, MNIST-M and USPS as RGB (N, 3, size, size) uint8 images with group ``domain``.
 
-    Every domain is loaded through `pflkit.data.datasets.load_dataset` (so npz files,
+    Every domain is loaded by its own loader in `pflkit.data.sources.mnist_family` (so npz files,
     the published layouts and downloads all work), gray images are repeated to three
     channels and everything is resized to ``size`` (default 32, MNIST-M's native size).
 
@@ -41,12 +45,10 @@ def load_digit_domains(root=None, *, download: bool = False, size: int = 32, per
         domains: which of mnist, mnist_m, usps to use, in this order (= domain ids).
         seed: seed of the per-domain subsets.
     """
-    from ..datasets import load_dataset  # imported here: datasets.py imports this module
-
     check_positive_int("size", size)
     check_positive_int("per_domain", per_domain, allow_none=True)
     domains = check_subset("domains", domains, DIGIT_DOMAINS)
-    parts = [load_dataset(d, root, download=download) for d in domains]
+    parts = [DOMAIN_LOADERS[d](root, download=download) for d in domains]
     rng = np.random.default_rng(seed)
     splits = {}
     for split in ("train", "test"):
