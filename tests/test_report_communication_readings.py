@@ -33,3 +33,9 @@ def test_takeaway_without_a_comparison_falls_back_to_the_bullets():
     only = {"Global": _rows(4, 5, 400, 400)}
     assert readings.communication_takeaway(only) == readings.communication_reading(only)
     assert readings.communication_takeaway({"FT (BN C)": []}) == "- No stage of this run has federated rounds."
+
+
+def test_signed_never_prints_negative_zero():
+    from pflkit.report.readings import signed
+
+    assert [signed(-0.04), signed(0.04), signed(-0.06), signed(2.25, 2)] == ["+0.0", "+0.0", "-0.1", "+2.25"]

@@ -166,7 +166,7 @@ gains = [(r["config"]["data"]["partition"]["alpha"], r["config"]["methods"][0]["
           versus_finetuning(r)) for r in rows2]
 gains.sort(key=lambda t: (t[0], t[1]))
 display(Markdown("FedL2P minus the best FT baseline, in points: " + ", ".join(
-    f"α={a}, e={e}: {g['gain']:+.1f} ({g['best_ft_label']})" for a, e, g in gains if g["gain"] is not None) + "."))
+    f"α={a}, e={e}: {readings.signed(g['gain'])} ({g['best_ft_label']})" for a, e, g in gains if g["gain"] is not None) + "."))
 
 # %% [markdown]
 # ## 4. Table 1: another pretraining

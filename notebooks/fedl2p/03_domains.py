@@ -227,7 +227,7 @@ vs = versus_finetuning(results, label)
 lines = [readings.takeaways(checked, preset)]
 if vs["gain"] is not None:
     lines.append(f"- {label} against the best FT baseline ({vs['best_ft_label']}, {vs['best_ft']:.1f}%): "
-                 f"{vs['gain']:+.1f} points.")
+                 f"{readings.signed(vs['gain'])} points.")
 if summary:
     b = np.asarray(summary["beta_per_client"], dtype=float)
     lines.append(f"- Mean β over clients {b.mean():.3f}, spread {b.max() - b.min():.2g} across all clients: "

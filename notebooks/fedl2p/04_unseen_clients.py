@@ -147,9 +147,9 @@ seen_vs, unseen_vs = versus_finetuning(results), versus_finetuning(results, pool
 gap = (table["seen (%)"] - table["unseen (%)"]).dropna()
 display(Markdown(
     f"Seen minus unseen, in points: " + ", ".join(f"{k} {v:+.1f}" for k, v in gap.items()) + ". "
-    + (f"FedL2P against the best FT baseline: {seen_vs['gain']:+.1f} points on the seen pool "
+    + (f"FedL2P against the best FT baseline: {readings.signed(seen_vs['gain'])} points on the seen pool "
        f"({seen_vs['best_ft_label']}), " if seen_vs["gain"] is not None else "")
-    + (f"{unseen_vs['gain']:+.1f} on the unseen pool ({unseen_vs['best_ft_label']})."
+    + (f"{readings.signed(unseen_vs['gain'])} on the unseen pool ({unseen_vs['best_ft_label']})."
        if unseen_vs["gain"] is not None else "")))
 
 # %% [markdown]

@@ -257,7 +257,7 @@ def plot_tsne(xy, groups, names, title: str, group: str = "group"):
     return fig
 
 
-# ---------------------------------------------------------------- Fig. 2: the reference run's clients by alpha
+# ---------------------------------------------------------------- Fig. 4: what the embeddings show
 
 
 def embedding_reading(report: dict, group: str = "alphabet") -> str:

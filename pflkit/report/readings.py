@@ -38,6 +38,12 @@ def classes_per_client(fed, split: str = "train", share: float = 0.05) -> np.nda
     return (frac >= share).sum(axis=1)
 
 
+def signed(value: float, digits: int = 1) -> str:
+    """``value`` with its sign at ``digits`` decimals, a difference that rounds to zero as ``+0.0`` (never
+    ``-0.0``, which reads as a loss)."""
+    return f"{round(value, digits) + 0.0:+.{digits}f}"
+
+
 def label_shift_reading(fed, split: str = "train") -> str:
     """How skewed the clients' labels are: classes holding >= 5% of a client's samples, median and range."""
     k = classes_per_client(fed, split)
