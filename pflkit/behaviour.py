@@ -44,12 +44,12 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _untimed(obj):
+def untimed(obj):
     """``obj`` less every `UNTIMED` key, at any depth (floats are kept as written: bitwise)."""
     if isinstance(obj, dict):
-        return {k: _untimed(v) for k, v in obj.items() if k not in UNTIMED}
+        return {k: untimed(v) for k, v in obj.items() if k not in UNTIMED}
     if isinstance(obj, list):
-        return [_untimed(v) for v in obj]
+        return [untimed(v) for v in obj]
     return obj
 
 
@@ -59,7 +59,7 @@ def record_digest(seed_dirs: list[Path], label: str) -> str | None:
     name, parts = slug(label), []
     for seed_dir in seed_dirs:
         files = [seed_dir / f"{name}.json", seed_dir / f"{name}.report.json", seed_dir / "pretrain" / f"{name}.json"]
-        found = [(f.relative_to(seed_dir).as_posix(), _untimed(read_json(f))) for f in files if f.exists()]
+        found = [(f.relative_to(seed_dir).as_posix(), untimed(read_json(f))) for f in files if f.exists()]
         if not found:
             return None
         parts.append(found)

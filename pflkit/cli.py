@@ -196,6 +196,14 @@ def _cmd_reproduce(args) -> int:
     from pflkit.reproduce import FAILED, format_summary, reproduce
 
     t0 = time.perf_counter()
+    if args.stages:
+        from pflkit.restage import restage
+
+        outcomes = restage(args.stages.split(","), args.preset or "cpu", paper=args.paper, only=args.only,
+                           results_dir=args.results, work_dir=args.work, overrides=args.set or [],
+                           data_root=args.data_root, download=args.download, force=args.force, jobs=args.jobs)
+        print(format_summary(outcomes, time.perf_counter() - t0))
+        return 3 if any(o.status == FAILED for o in outcomes) else 0
     outcomes = reproduce(args.preset or "cpu", paper=args.paper, only=args.only, results_dir=args.results,
                          work_dir=args.work, overrides=args.set or [], data_root=args.data_root,
                          download=args.download, device=args.device, notebooks=not args.no_notebooks,
@@ -315,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--download", action="store_true", help="download missing datasets into the cache")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N or mps")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--stages", metavar="LABELS",
+                   help="rerun only these stages (comma-separated labels, e.g. 'FT (BN C)') of the committed results, "
+                        "with the stages they start from; a result is changed only when those reproduce it exactly")
     p.add_argument("--report", action="store_true", help="only write the reproduction report from --results")
     p.add_argument("--output", default="REPRODUCTION.md", help="the report's path (default: REPRODUCTION.md)")
     p.add_argument("--readme", default=None,

@@ -69,7 +69,7 @@ KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embedd
 # parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
 # and its stage reuse, the hypergradient check)
 NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "notebook_outputs.py",
-                "reproduce.py", "reuse.py", "behaviour.py", "neumann_check.py", "progress.py")
+                "reproduce.py", "reuse.py", "restage.py", "behaviour.py", "neumann_check.py", "progress.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 

@@ -284,6 +284,22 @@ def _reused(res: dict) -> str:
                    f"{', '.join(labels)}." for donor, labels in by_donor.items())
 
 
+def _restaged(res: dict) -> str:
+    """`` Rerun alone ...``: the stages trained again on their own after the run (`pflkit.restage`), each time
+    with the stages they start from, which gave the row's records back exactly."""
+    parts = []
+    for r in res.get("restaged") or []:
+        on = _kind(r)
+        if on and r.get("emulated"):
+            on = f"torch's {r['cpu_capability']} code paths of a CPU with more"
+        kept = ", ".join(f"`{s}`" for s in r.get("upstream_reproduced", []))
+        commit = str((r.get("version") or {}).get("git"))[:10]
+        parts.append(f" Rerun alone{f' on {on}' if on else ''} (pflkit commit {commit}): "
+                     + ", ".join(f"`{s}`" for s in r["stages"])
+                     + (f", from {kept} trained again and equal to this row's, client for client." if kept else "."))
+    return "".join(parts)
+
+
 def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     name = res["experiment"]
     if "methods" not in res:
@@ -300,7 +316,7 @@ def _row_note(res: dict, status: dict, stale: bool = False) -> str:
     took = f", on {on}{took}" if on else took
     bad = "" if res.get("status") == "ok" else f" Status: **{res.get('status')}**{_why_not_ok(res)}."
     bad += f" {STALE}; the command after `Reproduce` reruns it." if stale else ""
-    bad += _reused(res)
+    bad += _reused(res) + _restaged(res)
     found = _declared(name, "finding")
     bad += f" Finding: {found}" if found else ""
     return (f"- `{name}`: {res.get('title', '')}. Data: {data_label(res)}. Seeds: {seeds}. "
