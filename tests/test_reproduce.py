@@ -276,7 +276,7 @@ def test_the_report_marks_a_result_whose_experiment_file_changed_since(batch, tm
     assert out_of_date(res, catalog)
     text = build_report(results, catalog=catalog)
     assert "| `tiny_digits` (out of date) |" in text and "1 of them is out of date" in text
-    assert "- `tiny_digits`: " in text and "**Out of date**: its experiment file has changed" in text
+    assert "- `tiny_digits`: " in text and "**Out of date**: its resolved settings" in text
     assert "the earlier configuration's numbers): `tiny_digits`." in text  # under the claims
     # the batch agrees: it is the one it would rerun
     cfg = resolve(catalog / "tiny" / "tiny_digits.toml", "smoke")

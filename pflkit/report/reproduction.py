@@ -97,8 +97,9 @@ def _current_digest(name: str, preset: str, overrides: tuple[str, ...], root: st
         return None
 
 
-# said of a result whose experiment file has changed since it ran (`out_of_date`), here and in the README
-STALE = "**Out of date**: its experiment file has changed since this run, so these are an earlier configuration's numbers"
+# said of a result whose resolved settings have changed since it ran (`out_of_date`), here and in the README
+STALE = ("**Out of date**: its resolved settings (its experiment file, or a default it takes) have changed since this "
+         "run, so these are an earlier configuration's numbers")
 
 
 def out_of_date(res: dict, root=None) -> bool:

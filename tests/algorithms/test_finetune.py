@@ -57,12 +57,14 @@ def test_bad_bn_mode_is_rejected_before_work():
 
 @pytest.mark.parametrize("how", ["reset", "pass"])
 def test_ft_bn_c_client_statistics_before_fine_tuning(setup, how):
-    """Default: mean 0 / variance 1 before the first step (the authors' start for FedL2P's mixed BN, not for
-    their FT baselines: ``pretrained``, below); option: one pass."""
+    """Options: mean 0 / variance 1 before the first step (the authors' start for FedL2P's mixed BN, not for
+    their FT baselines), or one pass. The default for FT (BN C) is the authors' ``pretrained`` (below); the
+    other BN modes, which never read the client's statistics, resolve it to ``reset``."""
     fed, env, pre = setup
     client = fed.clients[1]
     cfg = FT.make_config({"client_stats_init": how})
-    assert FT.make_config({}).client_stats_init == "reset"
+    assert FT.make_config({"bn": "client"}).client_stats_init == "pretrained"
+    assert FT.make_config({"bn": "global"}).client_stats_init == "reset"
     model = prepare(pre.state["weights"], client, "client", env, cfg.client_stats_init)
     layers = mixed_bn_layers(model)
     assert layers
@@ -78,7 +80,8 @@ def test_ft_bn_c_client_statistics_before_fine_tuning(setup, how):
 
 
 def test_the_start_of_the_statistics_changes_ft_bn_c(setup):
-    reset, passed = _ft(setup, bn="client", epochs=1), _ft(setup, bn="client", epochs=1, client_stats_init="pass")
+    reset = _ft(setup, bn="client", epochs=1, client_stats_init="reset")
+    passed = _ft(setup, bn="client", epochs=1, client_stats_init="pass")
     assert any(reset.per_client[c]["loss"] != passed.per_client[c]["loss"] for c in reset.per_client)
 
 
@@ -92,8 +95,10 @@ def test_pretrained_statistics_start_where_the_authors_ft_baseline_starts(setup)
     assert layers and any(float(layer.running_mean.abs().sum()) > 0 for layer in layers)
     for layer in layers:
         assert torch.equal(layer.client_mean, layer.running_mean) and torch.equal(layer.client_var, layer.running_var)
-    reset, kept = _ft(setup, bn="client", epochs=1), _ft(setup, bn="client", epochs=1, client_stats_init="pretrained")
+    reset = _ft(setup, bn="client", epochs=1, client_stats_init="reset")
+    kept = _ft(setup, bn="client", epochs=1, client_stats_init="pretrained")
     assert any(reset.per_client[c]["loss"] != kept.per_client[c]["loss"] for c in reset.per_client)
+    assert _ft(setup, bn="client", epochs=1).per_client == kept.per_client  # FT (BN C)'s default
     # FT (BN G) never reads the client's statistics: the option leaves it as it is
     g, g_kept = _ft(setup, bn="global", epochs=1), _ft(setup, bn="global", epochs=1, client_stats_init="pretrained")
     assert g.per_client == g_kept.per_client
