@@ -19,47 +19,9 @@ import pflkit
 from pflkit.behaviour import BehaviourCache, record_digest, stage_fingerprints, stale_stages
 from pflkit.experiments import resolve
 
-TINY = """\
-[experiment]
-paper = "tiny"
-table = "Table 1"
-title = "digits, 3 clients"
+from helpers_catalog import tiny_toml  # noqa: E402
 
-[data]
-dataset = "digits"
-scheme = "dirichlet"
-num_clients = 3
-
-[data.partition]
-alpha = 1.0
-
-[model]
-name = "digits_cnn"
-
-[pretrain]
-label = "Global"
-algorithm = "fedavg"
-rounds = 1
-fraction = 1.0
-lr = 0.05
-batch_size = 32
-eval_every = 0
-keep_best = false
-
-[methods."FT (BN C)"]
-algorithm = "finetune"
-bn = "client"
-epochs = 1
-lr = 0.01
-batch_size = 32
-
-[methods."FT (BN G)"]
-algorithm = "finetune"
-bn = "global"
-epochs = 1
-lr = 0.01
-batch_size = 32
-"""
+TINY = tiny_toml(title="digits, 3 clients", ft={"client": 1, "global": 1})
 
 PROBE = """\
 import json, sys

@@ -22,53 +22,12 @@ from pflkit.fl.engines import nbytes
 from pflkit.fl.loop import check_finite
 from pflkit.runner import load_final_states
 
-TINY = """\
-[experiment]
-paper = "tiny"
-table = "Table 1"
-title = "{title}"
-
-[data]
-dataset = "{dataset}"
-scheme = "dirichlet"
-num_clients = 3
-
-[data.partition]
-alpha = 1.0
-
-[model]
-name = "digits_cnn"
-
-[pretrain]
-label = "Global"
-algorithm = "fedavg"
-rounds = 1
-fraction = 1.0
-lr = 0.05
-batch_size = 32
-local_epochs = 1
-eval_every = 0
-keep_best = false
-
-[methods."FT (BN C)"]
-algorithm = "finetune"
-bn = "client"
-epochs = {epochs}
-lr = 0.01
-batch_size = 32
-
-[published]
-"Global" = 12.5
-"FT (BN C)" = {ft_published}
-"""
-
+from helpers_catalog import tiny_toml, write_toml  # noqa: E402
 
 def write_tiny(folder: Path, name: str, dataset: str = "digits", epochs: int = 1, ft_published: float = 87.25):
-    path = folder / "tiny" / f"{name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(TINY.format(title=f"{dataset}, 3 clients, one round", dataset=dataset, epochs=epochs,
-                                ft_published=ft_published))
-    return path
+    text = tiny_toml(dataset=dataset, title=f"{dataset}, 3 clients, one round", ft={"client": epochs},
+                     published={"Global": 12.5, "FT (BN C)": ft_published})
+    return write_toml(folder / "tiny" / f"{name}.toml", text)
 
 
 @pytest.fixture(scope="module")

@@ -19,53 +19,10 @@ from pflkit.report.reproduction import build_report
 from pflkit.restage import (AVX2_PATHS, _environment, _in_workers, other_settings_match, restage, retry_on_avx2,
                             stage_chain, upstream_mismatch, worker_paths)
 
-CATALOG = """\
-[experiment]
-paper = "tiny"
-title = "digits, 3 clients, one round"
-
-[data]
-dataset = "digits"
-scheme = "dirichlet"
-num_clients = 3
-
-[data.partition]
-alpha = 1.0
-
-[model]
-name = "digits_cnn"
-
-[pretrain]
-label = "Global"
-algorithm = "fedavg"
-rounds = {rounds}
-fraction = 1.0
-lr = 0.05
-batch_size = 32
-local_epochs = 1
-eval_every = 0
-keep_best = false
-
-[methods."FT (BN C)"]
-algorithm = "finetune"
-bn = "client"
-epochs = {epochs}
-lr = 0.01
-batch_size = 32
-
-[methods."FT (BN G)"]
-algorithm = "finetune"
-bn = "global"
-epochs = 1
-lr = 0.01
-batch_size = 32
-"""
-
+from helpers_catalog import tiny_toml, write_toml  # noqa: E402
 
 def write_catalog(folder: Path, rounds: int = 1, epochs: int = 1) -> Path:
-    path = folder / "tiny" / "tiny_ft.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(CATALOG.format(rounds=rounds, epochs=epochs))
+    write_toml(folder / "tiny" / "tiny_ft.toml", tiny_toml(rounds=rounds, ft={"client": epochs, "global": 1}))
     return folder
 
 
