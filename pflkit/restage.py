@@ -128,10 +128,12 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
                 data_root=None, download: bool = False):
     """Train the stages ``labels`` of experiment ``cfg`` again with their upstream chain in ``folder`` and
     splice them into the compact result ``compact`` when the chain reproduces it (module docstring).
-    Returns a `pflkit.reproduce.Outcome`; the committed result is written only when it is ``done``."""
+    Returns a `pflkit.reproduce.Outcome`; the committed result is written only when it is ``done`` (a run that
+    raises comes back as ``failed`` with the error, or ``not run`` when its data are missing)."""
     import torch
 
-    from pflkit.reproduce import DONE, FAILED, MARKER, NOT_RUN, SKIPPED, Outcome, config_hash
+    from pflkit.data.base import DatasetNotFoundError
+    from pflkit.reproduce import DONE, FAILED, MARKER, NOT_RUN, SKIPPED, Outcome, _one_line, config_hash
     from pflkit.report.compact import compact_result, config_digest
     from pflkit.reuse import stage_upstreams
     from pflkit.runner import NOT_FINGERPRINTED, RunMismatchError, holds_a_run, run_experiment
@@ -158,9 +160,14 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
     folder.mkdir(parents=True, exist_ok=True)
     write_json(marker, key)  # a stopped rerun resumes only with the same stages, settings and code
     try:
-        results = run_experiment(sub, folder, resume=resume, overwrite=not resume, **kwargs)
-    except RunMismatchError:  # the same settings, other data files: start over
-        results = run_experiment(sub, folder, overwrite=True, **kwargs)
+        try:
+            results = run_experiment(sub, folder, resume=resume, overwrite=not resume, **kwargs)
+        except RunMismatchError:  # the same settings, other data files: start over
+            results = run_experiment(sub, folder, overwrite=True, **kwargs)
+    except DatasetNotFoundError as e:
+        return Outcome(cfg.name, NOT_RUN, f"data missing: {e.name}", time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - one failed row must not stop the batch; the committed result stays
+        return Outcome(cfg.name, FAILED, _one_line(e), time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     new = compact_result(results, folder, cfg_hash=config_hash(sub), code=code)
     differs = upstream_mismatch(committed, new, upstream)

@@ -145,6 +145,24 @@ def test_a_changed_setting_of_the_stage_rerun_is_taken_any_other_refused(setup, 
     assert path.read_bytes() == before
 
 
+def test_a_run_that_raises_is_one_failed_row_and_leaves_the_result(setup, monkeypatch):
+    import pflkit.runner
+    from pflkit.experiments import resolve
+    from pflkit.restage import restage_one
+
+    path, kw = setup
+    _edit(path, _stale)
+    before = path.read_bytes()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a stage crashed")
+    monkeypatch.setattr(pflkit.runner, "run_experiment", broken)
+    cfg = resolve(kw["catalog"] / "tiny" / "tiny_ft.toml", "smoke")
+    outcome = restage_one(cfg, kw["work_dir"] / "tiny_ft", path, ["FT (BN C)"], code=rp.code_version())
+    assert outcome.status == rp.FAILED and "a stage crashed" in outcome.reason
+    assert path.read_bytes() == before
+
+
 def test_a_stage_no_result_has_is_refused_before_any_work(setup, capsys):
     _, kw = setup
     with pytest.raises(ValueError, match="FT \\(BN Z\\)"):
