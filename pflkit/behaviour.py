@@ -137,11 +137,9 @@ def stage_fingerprints(cfg, path: Path, code: dict, cache: BehaviourCache | None
                        overrides=()) -> dict[str, str]:
     """``{stage label: fingerprint}`` of the resolved experiment ``cfg`` read from ``path``: settings,
     behaviour (``cache``'s micro-run; the code digest where there is none) and upstream (module docstring)."""
-    from pflkit.reuse import stage_keys, stage_upstreams
-    from pflkit.runner import NOT_FINGERPRINTED
+    from pflkit.reuse import fingerprinted_config, stage_keys, stage_upstreams
 
-    config = json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED},
-                                   default=str))
+    config = fingerprinted_config(cfg)
     settings, upstream = stage_keys({"config": config}), stage_upstreams(config)
     behaviour = (cache or BehaviourCache(None, code)).behaviour(cfg.name, path, overrides)
     out: dict[str, str] = {}

@@ -539,11 +539,13 @@ def _worker_threads(threads: int) -> None:
 
 
 def _in_turn(calls: list[tuple[Callable[[], Outcome], str]], jobs: int, *, processes: bool, ordered: bool = False,
-             started: Callable[[str], None] | None = None) -> Iterator[Outcome]:
+             started: Callable[[str], None] | None = None, threads: int | None = None,
+             in_process: bool = True) -> Iterator[Outcome]:
     """The outcomes of ``calls`` (``(call, label)``), one after another (``jobs == 1``) or ``jobs`` at a time:
-    experiments in worker processes (``processes``), notebooks in threads (each runs its own kernel process).
-    Outcomes come as they finish, or in the calls' order with ``ordered``."""
-    if jobs == 1 or len(calls) <= 1:
+    experiments in worker processes (``processes``; each with ``threads`` intra-op threads, default cores / jobs),
+    notebooks in threads (each runs its own kernel process). ``in_process=False``: worker processes even for one
+    job or one call. Outcomes come as they finish, or in the calls' order with ``ordered``."""
+    if in_process and (jobs == 1 or len(calls) <= 1):
         for call, label in calls:
             if started is not None:
                 started(label)
@@ -553,7 +555,7 @@ def _in_turn(calls: list[tuple[Callable[[], Outcome], str]], jobs: int, *, proce
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 
     if processes:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
         pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_worker_threads, initargs=(threads,))
     else:

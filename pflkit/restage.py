@@ -135,8 +135,8 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
     from pflkit.data.base import DatasetNotFoundError
     from pflkit.reproduce import DONE, FAILED, MARKER, NOT_RUN, SKIPPED, Outcome, _one_line, config_hash
     from pflkit.report.compact import compact_result, config_digest
-    from pflkit.reuse import stage_upstreams
-    from pflkit.runner import NOT_FINGERPRINTED, RunMismatchError, holds_a_run, run_experiment
+    from pflkit.reuse import fingerprinted_config, stage_upstreams
+    from pflkit.runner import RunMismatchError, holds_a_run, run_experiment
 
     if not compact.exists():
         return Outcome(cfg.name, NOT_RUN, "no committed result to rerun stages of")
@@ -147,9 +147,7 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
     if not other_settings_match(committed.get("config", {}), cfg.to_dict(), todo):
         return Outcome(cfg.name, NOT_RUN, "settings other than those of the stages rerun changed since the "
                                           "committed result: rerun it whole")
-    config = json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED},
-                                   default=str))
-    chain = stage_chain(stage_upstreams(config), todo)
+    chain = stage_chain(stage_upstreams(fingerprinted_config(cfg)), todo)
     upstream = [label for label in chain if label not in todo]
     sub = _sub_config(cfg, chain)
     t0 = time.perf_counter()
@@ -197,6 +195,8 @@ def restage(labels, preset: str = "cpu", *, paper: str | None = None, only: str 
     ``force``), so a stopped batch picks up where it stopped. Work folders: ``work_dir/_stages/<name>``."""
     from functools import partial
 
+    import torch
+
     from pflkit.behaviour import BehaviourCache, stage_fingerprints
     from pflkit.experiments import resolve
     from pflkit.reproduce import FAILED, SKIPPED, Outcome, code_version, select
@@ -214,8 +214,6 @@ def restage(labels, preset: str = "cpu", *, paper: str | None = None, only: str 
         raise ValueError(f"no committed result of the selection has the stage {unknown[0]!r}")
     code = code_version()
     cache, work = BehaviourCache(results_dir, code), Path(work_dir or Path("runs") / "reproduce" / preset) / "_stages"
-    import torch
-
     native, outcomes, groups = torch.backends.cpu.get_cpu_capability(), [], {}
     for name, res in committed.items():
         have = [label for label in labels if label in res.get("methods", {})]
@@ -252,9 +250,15 @@ def restage(labels, preset: str = "cpu", *, paper: str | None = None, only: str 
 
 
 def _run_group(paths: tuple, calls, jobs: int):
-    """The outcomes of ``calls`` in worker processes, started on the code paths ``paths`` (none: as this one)."""
+    """The outcomes of ``calls``, in their order, in ``jobs`` spawned worker processes started on the code paths
+    ``paths`` (none: this process's), even for one job (a fresh process reads them as it starts). Each worker
+    has one intra-op thread, as the batch's workers on a machine with as many cores as jobs and the behavioural
+    micro-runs: a reduction split over more threads rounds differently (an evaluation loss then differs in its
+    last digit, and the upstream check fails on it)."""
+    from pflkit.reproduce import _in_turn
+
     with _environment(dict(paths)):  # the workers start on these code paths, this process keeps its own
-        return list(_in_workers(calls, jobs))
+        return list(_in_turn(calls, jobs, processes=True, ordered=True, threads=1, in_process=False))
 
 
 def retry_on_avx2(outcome, unrecorded: bool, native: str) -> bool:
@@ -281,20 +285,3 @@ def _environment(values: dict[str, str]):
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
-def _in_workers(calls, jobs: int):
-    """The outcomes of ``calls`` (``(call, label)``) in ``jobs`` spawned worker processes, in the calls' order,
-    even for one job (a fresh process reads the environment's code paths as it starts). Each worker has one
-    intra-op thread, as the batch's workers on a machine with as many cores as jobs and the behavioural
-    micro-runs: a reduction split over more threads rounds differently (an evaluation loss then differs in its
-    last digit, and the upstream check fails on it)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from pflkit.reproduce import _worker_threads
-
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_threads, initargs=(1,)) as pool:
-        for future in [pool.submit(call) for call, _ in calls]:
-            yield future.result()

@@ -25,7 +25,7 @@ from pflkit.algorithms import get_algorithm
 from pflkit.io import read_json, slug, write_json
 from pflkit.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
 
-__all__ = ["stage_keys", "stage_upstreams", "stage_files", "seed_from_donors"]
+__all__ = ["stage_keys", "stage_upstreams", "stage_files", "seed_from_donors", "fingerprinted_config"]
 
 
 def stage_upstreams(config: dict) -> dict[str, str | None]:
@@ -78,12 +78,16 @@ def _finished(seed_dir: Path, label: str, keep_states: bool) -> bool:
             and (not keep_states or (seed_dir / f"{name}{FINAL_STATES}").exists()))
 
 
+def fingerprinted_config(cfg) -> dict:
+    """The resolved configuration's dict less `pflkit.runner.NOT_FINGERPRINTED`, as JSON holds it (what a run
+    fingerprint stores, and what `stage_keys` / `stage_upstreams` read)."""
+    return json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}, default=str))
+
+
 def target_fingerprint(cfg, donor_fp: dict) -> dict:
     """The fingerprint ``cfg`` will have if it reads the donor's data: its own configuration with the
     donor's record of the files (the runner recomputes it and refuses the folder if they differ)."""
-    config = json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED},
-                                   default=str))
-    return {"config": config, **{k: v for k, v in donor_fp.items() if k != "config"}}
+    return {"config": fingerprinted_config(cfg), **{k: v for k, v in donor_fp.items() if k != "config"}}
 
 
 def _donors(work: Path, folder: Path, code, marker_name: str) -> list[tuple[str, dict, Path, dict | None]]:

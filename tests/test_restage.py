@@ -16,7 +16,7 @@ from pflkit.behaviour import BehaviourCache
 from pflkit.cli import main
 from pflkit.report.compact import config_digest
 from pflkit.report.reproduction import build_report
-from pflkit.restage import (AVX2_PATHS, _environment, _in_workers, other_settings_match, restage, retry_on_avx2,
+from pflkit.restage import (AVX2_PATHS, _run_group, other_settings_match, restage, retry_on_avx2,
                             stage_chain, upstream_mismatch, worker_paths)
 
 from helpers_catalog import tiny_toml, write_toml  # noqa: E402
@@ -200,8 +200,7 @@ def _capability() -> str:
 @pytest.mark.skipif(not _capability().startswith("AVX"), reason="an x86 CPU with AVX2 or more")
 def test_workers_start_on_the_avx2_paths_and_this_process_keeps_its_own():
     mine, before = _capability(), {k: os.environ.get(k) for k in AVX2_PATHS}
-    with _environment(dict(AVX2_PATHS)):
-        (theirs,) = _in_workers([(_capability, "probe")], 1)
+    (theirs,) = _run_group(tuple(sorted(AVX2_PATHS.items())), [(_capability, "probe")], 1)
     assert theirs == "AVX2"
     assert _capability() == mine
     assert {k: os.environ.get(k) for k in AVX2_PATHS} == before  # put back as it was

@@ -17,8 +17,7 @@ differ only in the statistics their BatchNorm layers normalize with
     ``evaluate`` (line 176) loads the whole pretrained state dict, BN buffers included, via
     ``set_parameters`` (lines 114-119), ``train`` (lines 17-36) fine-tunes in train mode,
     which updates the running statistics, and ``test`` evaluates in eval mode with them);
-  - ``"reset"`` (the default before the authors' start, which FT (BN C) numbers made before it
-    were made with): mean 0 / variance 1, then tracked with momentum 0.1. This is the authors' start for FedL2P's mixed
+  - ``"reset"`` (pflkit's earlier default): mean 0 / variance 1, then tracked with momentum 0.1. This is the authors' start for FedL2P's mixed
     BN (``src/models/model_utils.py`` lines 102-110: the pretrained statistics are kept aside
     for Eq. 2 and the running ones reset), not for their FT baselines; with the few steps of
     the ``cpu`` rows (about 10), 0.9^10 = 35% of the reset values remain in the statistics
