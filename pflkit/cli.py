@@ -14,7 +14,7 @@ ENGINES = ("auto", "sequential", "threads", "vectorized")
 
 
 def _cmd_list(args) -> int:
-    from pflkit.experiments import list_experiments, resolve
+    from pflkit.run.experiments import list_experiments, resolve
 
     rows = []
     for name, path in list_experiments().items():
@@ -29,11 +29,11 @@ def _cmd_list(args) -> int:
 
 
 def _run(name: str, args) -> int:
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
     from pflkit.report.divergence import mark_divergence
     from pflkit.report.figures import plot_methods, save_figure
     from pflkit.report.tables import format_table
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
 
     overrides = list(args.set or [])
     if args.seed is not None:
@@ -87,12 +87,12 @@ def _run(name: str, args) -> int:
 
 def finished_run(cfg, out: Path, data_root=None) -> dict | None:
     """The results of the finished run in ``out`` when it was made with ``cfg``'s settings and data
-    (same fingerprint as `pflkit.runner.run_experiment` checks on ``--resume``), else None (then the
+    (same fingerprint as `pflkit.run.runner.run_experiment` checks on ``--resume``), else None (then the
     runner refuses a folder that holds a run, naming ``--resume`` and ``--overwrite``)."""
     from pflkit.data.datasets import load_dataset
     from pflkit.io import read_json
-    from pflkit.pretraining import load_pretrain_data
-    from pflkit.runner import RUN_FILE, fingerprint, fingerprint_hash
+    from pflkit.run.pretraining import load_pretrain_data
+    from pflkit.run.runner import RUN_FILE, fingerprint, fingerprint_hash
 
     if not ((out / "results.json").is_file() and (out / RUN_FILE).is_file()):
         return None
@@ -135,7 +135,7 @@ def default_out(cfg, overrides: list[str]) -> Path:
 
 
 def _cmd_notebooks(args) -> int:
-    from pflkit.notebooks import figures_root, find_notebooks, run_notebooks
+    from pflkit.notebooks.session import figures_root, find_notebooks, run_notebooks
 
     if args.commit:
         return _commit_notebooks(find_notebooks(args.only), figures_root() if args.figures else None)
@@ -152,7 +152,7 @@ def _cmd_notebooks(args) -> int:
 
 
 def _commit_notebooks(notebooks, figures) -> int:
-    from pflkit.notebook_outputs import commit_notebooks
+    from pflkit.notebooks.outputs import commit_notebooks
 
     for nb, seconds, changed in commit_notebooks(notebooks, figures):
         print(f"{'written' if changed else 'unchanged'}: {nb.relative_to(nb.parents[2])} ({seconds:.1f} s)")
@@ -171,7 +171,7 @@ def _positive_int(text: str) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    """The whole catalog in one resumable batch (`pflkit.reproduce`), or with --report the report only."""
+    """The whole catalog in one resumable batch (`pflkit.batch.reproduce`), or with --report the report only."""
     if args.report:
         from pflkit.report.reproduction import write_report
 
@@ -187,17 +187,17 @@ def _cmd_reproduce(args) -> int:
             print(f"{readme}: {len(changed)} generated block(s) (results tables, claims) regenerated"
                   + "".join(f"\n  {c}" for c in changed))
         if readme == "README.md" and not args.no_notebooks:  # the repository's notebooks show its results too
-            from pflkit.notebooks import figures_root, find_notebooks
+            from pflkit.notebooks.session import figures_root, find_notebooks
 
             return _commit_notebooks(find_notebooks(), figures_root())
         return 0
     import time
 
-    from pflkit.reproduce import FAILED, format_summary, reproduce
+    from pflkit.batch.reproduce import FAILED, format_summary, reproduce
 
     t0 = time.perf_counter()
     if args.stages:
-        from pflkit.restage import restage
+        from pflkit.batch.restage import restage
 
         outcomes = restage(args.stages.split(","), args.preset or "cpu", paper=args.paper, only=args.only,
                            results_dir=args.results, work_dir=args.work, overrides=args.set or [],
@@ -228,10 +228,10 @@ def _setting(text: str) -> tuple[str, object]:
 
 
 def _cmd_check_hypergradient(args) -> int:
-    """A FedL2P meta step of a saved run, taken apart (`pflkit.neumann_check`)."""
+    """A FedL2P meta step of a saved run, taken apart (`pflkit.batch.neumann_check`)."""
     import json
 
-    from pflkit.neumann_check import format_rows, run_step_check
+    from pflkit.batch.neumann_check import format_rows, run_step_check
 
     changes = dict(args.set or [])
     rows = run_step_check(args.name, args.run, preset=args.preset, clients=args.clients, seed=args.seed,

@@ -3,11 +3,13 @@
 A file is either its old version or its complete new one, never half (written to a unique
 temporary name, then renamed). Checkpoints are read with ``weights_only=True``: tensors, dicts,
 lists and numbers only, so a crafted file in an output folder cannot run code. An output
-folder is locked for the lifetime of the run that writes it.
+folder is locked for the lifetime of the run that writes it. And what a long loop shows while it works: one
+progress bar (`progress_bar`).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import pickle
@@ -158,3 +160,22 @@ def locked_folder(folder: str | os.PathLike) -> Iterator[Path]:
 def slug(label: str) -> str:
     """A file-name-safe form of a method label: 'FT (BN C)' -> 'ft-bn-c'."""
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "method"
+
+
+def _bar_class():
+    """tqdm's widget bar in a notebook kernel that has ipywidgets (``tqdm.auto`` decides), its text bar elsewhere.
+
+    ``tqdm.auto`` inside a kernel without ipywidgets (a plain ``pip install pflkit[dev]``, a bare JupyterLab)
+    warns on stderr when imported; a notebook that only redraws committed results must leave no stderr, so
+    ``tqdm.auto`` is imported only where ipywidgets can be.
+    """
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+    return tqdm
+
+
+def progress_bar(*args, **kwargs):
+    """The progress bar every long loop uses: ``tqdm(*args, **kwargs)`` of the class `_bar_class` picks."""
+    return _bar_class()(*args, **kwargs)

@@ -74,7 +74,7 @@ def _missing_dataset(name: str, options: str, roots: tuple) -> str | None:
 
 
 def _experiment_datasets(name: str) -> list[tuple[str, dict]]:
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
 
     cfg = resolve(name, "smoke")
     data = [cfg.data] + ([cfg.pretrain.data] if cfg.pretrain is not None and cfg.pretrain.data is not None else [])

@@ -1,4 +1,4 @@
-"""`pflkit.behaviour`: a stage goes stale when what it computes changes, not when its code's text does.
+"""`pflkit.batch.behaviour`: a stage goes stale when what it computes changes, not when its code's text does.
 
 The package is copied to a temporary folder and edited there; each version computes the stage fingerprints
 of one tiny experiment in its own process (it imports its own copy), so the test sees what a batch run by
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import pflkit
-from pflkit.behaviour import BehaviourCache, record_digest, stage_fingerprints, stale_stages
-from pflkit.experiments import resolve
+from pflkit.batch.behaviour import BehaviourCache, record_digest, stage_fingerprints, stale_stages
+from pflkit.run.experiments import resolve
 
 from helpers_catalog import tiny_toml  # noqa: E402
 
@@ -25,9 +25,9 @@ TINY = tiny_toml(title="digits, 3 clients", ft={"client": 1, "global": 1})
 
 PROBE = """\
 import json, sys
-from pflkit.behaviour import stage_fingerprints
-from pflkit.experiments import resolve
-from pflkit.reproduce import code_version
+from pflkit.batch.behaviour import stage_fingerprints
+from pflkit.run.experiments import resolve
+from pflkit.batch.reproduce import code_version
 path = sys.argv[1]
 print(json.dumps({"code": code_version(), "stages": stage_fingerprints(resolve(path, "cpu"), path, code_version())}))
 """

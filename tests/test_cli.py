@@ -61,7 +61,7 @@ def test_diverged_run_is_marked_not_crashed(tmp_path):
 def test_a_finite_blow_up_exits_like_a_nan(tmp_path, monkeypatch, capsys):
     """A run whose numbers stay finite while its training loss explodes and its model is broken
     (`pflkit.report.divergence`) is reported `diverged` with exit status 3, like a non-finite one."""
-    import pflkit.runner
+    import pflkit.run.runner
 
     out = tmp_path / "run"
     assert main(["run", "demo", "--preset", "smoke", "--quiet", "--out", str(out)]) == 0
@@ -70,7 +70,7 @@ def test_a_finite_blow_up_exits_like_a_nan(tmp_path, monkeypatch, capsys):
     res["rounds"]["Global"]["seed0"] = [{**first, "round": r + 1, "train_loss": 1.5 * (1 if r < 5 else 100)}
                                         for r in range(30)]
     res["methods"]["Global"]["acc_mean"] = 10.0  # under half of the best method's
-    monkeypatch.setattr(pflkit.runner, "run_experiment", lambda *a, **k: res)
+    monkeypatch.setattr(pflkit.run.runner, "run_experiment", lambda *a, **k: res)
     capsys.readouterr()
     assert main(["run", "demo", "--preset", "smoke", "--quiet", "--out", str(out), "--resume"]) == 3
     captured = capsys.readouterr()
@@ -98,8 +98,8 @@ def test_engine_choice_is_recorded_and_a_resume_may_change_it(tmp_path, one_intr
 
 def test_a_bad_engine_is_refused_before_any_work(tmp_path, capsys):
     from pflkit.config import ConfigError
-    from pflkit.experiments import resolve
-    from pflkit.runner import run_experiment
+    from pflkit.run.experiments import resolve
+    from pflkit.run.runner import run_experiment
 
     with pytest.raises(ConfigError, match=r"^engine='vmap': expected one of auto, sequential, threads, vectorized$"):
         run_experiment(resolve("demo", "smoke"), tmp_path / "out", engine="vmap")

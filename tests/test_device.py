@@ -43,10 +43,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import pflkit
-import pflkit.runner as runner
+import pflkit.run.runner as runner
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
-from pflkit.experiments import list_experiments, resolve
+from pflkit.run.experiments import list_experiments, resolve
 
 PFLKIT_DIR = Path(pflkit.__file__).resolve().parent
 ALLOWED = (PFLKIT_DIR / "data",)  # data loading: CPU tensors, moved to the device as batches are taken

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pflkit.config import ConfigError
-from pflkit.experiments import list_experiments, resolve
+from pflkit.run.experiments import list_experiments, resolve
 
 
 def test_every_experiment_file_resolves_at_every_preset():
@@ -57,7 +57,7 @@ def test_unknown_experiment_and_preset():
 
 def test_published_detail_holds_the_papers_other_numbers():
     """[published_detail]: Table 2's budget groups and Table 6's ARIs live in the experiment files, checked up front."""
-    from pflkit.experiments import published_detail
+    from pflkit.run.experiments import published_detail
 
     groups = resolve("pfedhn_table2_budget_c10", preset="cpu").published_detail["groups"]
     assert groups["pFedHN"] == [85.38, 86.92, 87.20] and len(groups) == 5
@@ -73,7 +73,7 @@ def test_published_detail_holds_the_papers_other_numbers():
 def test_experiment_tables_hold_only_the_keys_something_reads():
     """``[experiment]`` is not validated by `resolve` (its documentation keys are the report's): a
     misspelt ``finding`` or ``stands_in_for`` in a catalog file would be dropped silently."""
-    from pflkit.experiments import tomllib
+    from pflkit.run.experiments import tomllib
 
     read = {"name", "paper", "table", "title", "stands_in_for", "finding"}
     for name, path in list_experiments().items():

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import pytest
 
 from pflkit.algorithms import get_algorithm
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl import train
 from pflkit.fl.federation import build_federation
 from pflkit.models.introspect import head_param_names

@@ -181,8 +181,8 @@ def test_smoke_run_with_triton_kernels_equals_reference(name, tmp_path, request,
 
 def test_auto_device_resolves_to_cuda_and_the_run_uses_it(tmp_path):
     """``device=auto`` gives the run's Env a CUDA device, and the run's models train there."""
-    from pflkit import runner
-    from pflkit.experiments import resolve
+    from pflkit.run import runner
+    from pflkit.run.experiments import resolve
 
     cfg = resolve("demo", "smoke", ["device=auto", "pretrain.rounds=1", "methods.*.rounds=1"])
     assert cfg.device == "auto"

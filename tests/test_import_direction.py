@@ -16,19 +16,18 @@ from pathlib import Path
 import pflkit
 
 PACKAGE = Path(pflkit.__file__).parent
-TRAINING = ("pflkit.fl.loop", "pflkit.runner", "pflkit.algorithms", "pflkit.flower", "pflkit.reproduce",
-            "pflkit.pretraining", "pflkit.stages")
-ABOVE_ALGORITHMS = ("pflkit.experiments", "pflkit.runner", "pflkit.report", "pflkit.analysis", "pflkit.flower",
-                    "pflkit.notebooks", "pflkit.reproduce", "pflkit.reuse", "pflkit.cli", "pflkit.pretraining", "pflkit.stages",
-                    "pflkit.neumann_check")
+TRAINING = ("pflkit.fl.loop", "pflkit.run", "pflkit.algorithms", "pflkit.flower", "pflkit.batch")
+ABOVE_ALGORITHMS = ("pflkit.run", "pflkit.batch", "pflkit.report", "pflkit.analysis", "pflkit.flower",
+                    "pflkit.notebooks", "pflkit.cli")
 # what reads saved results sits below the notebook session and the command line that call it
-BELOW_NOTEBOOKS = (*TRAINING, "pflkit.notebooks", "pflkit.notebook_outputs", "pflkit.cli")
+BELOW_NOTEBOOKS = (*TRAINING, "pflkit.notebooks", "pflkit.cli")
+LEAVES = ("pflkit.config", "pflkit.io")
 
 # package (or module) prefix -> prefixes it must not import
 FORBIDDEN = {
-    # a leaf every layer may use: the progress bar
-    "pflkit.progress": ("pflkit.errors", "pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta",
-                        "pflkit.algorithms", "pflkit.config", "pflkit.io", *ABOVE_ALGORITHMS),
+    # the leaves every layer may use: config validation, files and the progress bar, errors
+    **{leaf: ("pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta", "pflkit.algorithms",
+              *ABOVE_ALGORITHMS) for leaf in LEAVES},
     "pflkit.errors": ("pflkit.data", "pflkit.models", "pflkit.kernels", "pflkit.fl", "pflkit.meta", "pflkit.algorithms",
                       "pflkit.config", "pflkit.io", *ABOVE_ALGORITHMS),
     "pflkit.data": ("pflkit.fl", "pflkit.meta", "pflkit.algorithms", *ABOVE_ALGORITHMS),
@@ -38,9 +37,15 @@ FORBIDDEN = {
     # generic meta-learning math: no federation, no client (FedL2P's client side is pflkit.algorithms.fedl2p_client)
     "pflkit.meta": ("pflkit.fl", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.algorithms": ABOVE_ALGORITHMS,
+    # a run knows nothing of the batch over runs, the reports, the notebooks or the command line
+    "pflkit.run": ("pflkit.batch", "pflkit.report", "pflkit.analysis", "pflkit.notebooks", "pflkit.cli"),
+    "pflkit.batch": ("pflkit.notebooks.outputs", "pflkit.cli"),
     "pflkit.analysis": BELOW_NOTEBOOKS,
     "pflkit.report": BELOW_NOTEBOOKS,
 }
+# package prefix -> modules it may import although ``FORBIDDEN`` bans their package: the report and the analyses
+# read experiment files (the catalog's titles, presets and published numbers), not runs
+ALLOWED = {"pflkit.report": ("pflkit.run.experiments",), "pflkit.analysis": ("pflkit.run.experiments",)}
 
 PENDING: set[tuple[str, str]] = set()
 
@@ -177,13 +182,15 @@ def under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def crossings(root: Path = PACKAGE, forbidden: dict = FORBIDDEN) -> set[tuple[str, str]]:
+def crossings(root: Path = PACKAGE, forbidden: dict = FORBIDDEN, allowed: dict = ALLOWED) -> set[tuple[str, str]]:
     found = set()
     for mod, path in module_files(root).items():
         for src, banned in forbidden.items():
             if not under(mod, src):
                 continue
             for name in imported(path, mod, root.name):
+                if any(under(name, a) for a in allowed.get(src, ())):
+                    continue
                 for b in banned:
                     if under(name, b) and not under(name, src):
                         found.add((mod, b))
@@ -199,10 +206,10 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
 
 def test_imported_reads_lazy_and_relative_imports(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("def f():\n    from pflkit.runner import slug\n    import pflkit.fl.loop\n"
+    f.write_text("def f():\n    from pflkit.run.runner import slug\n    import pflkit.fl.loop\n"
                  "from . import notebooks\nfrom ..fl.train import train_locally\n")
     assert imported(f, "pflkit.report.m") == {
-        "pflkit.runner", "pflkit.runner.slug", "pflkit.fl.loop", "pflkit.report", "pflkit.report.notebooks",
+        "pflkit.run.runner", "pflkit.run.runner.slug", "pflkit.fl.loop", "pflkit.report", "pflkit.report.notebooks",
         "pflkit.fl.train", "pflkit.fl.train.train_locally"}
 
 
@@ -217,6 +224,16 @@ def test_checker_finds_a_forbidden_relative_import(tmp_path):
                                     "pkg/data/base.py": "def f():\n    from ..fl import loop\n"}) / "pkg"
     assert crossings(root, {"pkg.data": ("pkg.fl",)}) == {("pkg.data.base", "pkg.fl")}
     assert crossings(root, {"pkg.fl": ("pkg.data",)}) == set()
+
+
+def test_an_allowed_module_of_a_forbidden_package_passes_and_its_siblings_do_not(tmp_path):
+    root = write_package(tmp_path, {"pkg/__init__.py": "", "pkg/run/__init__.py": "", "pkg/run/experiments.py": "",
+                                    "pkg/run/runner.py": "", "pkg/report/__init__.py": "",
+                                    "pkg/report/a.py": "from pkg.run.experiments import resolve\n",
+                                    "pkg/report/b.py": "def f():\n    from ..run.runner import run\n"}) / "pkg"
+    banned, allowed = {"pkg.report": ("pkg.run",)}, {"pkg.report": ("pkg.run.experiments",)}
+    assert crossings(root, banned, {}) == {("pkg.report.a", "pkg.run"), ("pkg.report.b", "pkg.run")}
+    assert crossings(root, banned, allowed) == {("pkg.report.b", "pkg.run")}
 
 
 def test_checker_finds_a_lazy_circle_and_names_it(tmp_path):

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from pflkit import reproduce as rp
-from pflkit.experiments import PRESETS, list_experiments, resolve
+from pflkit.batch import reproduce as rp
+from pflkit.run.experiments import PRESETS, list_experiments, resolve
 from pflkit.report import matrix as mx
 from pflkit.report.reproduction import build_report
 

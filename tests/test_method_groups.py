@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from pflkit.config import ConfigError
-from pflkit.experiments import ClientGroup, resolve
+from pflkit.run.experiments import ClientGroup, resolve
 
 GROUPS = ("S", "M", "L")
 ROWS = {"FedAvg": None, "Per-FedAvg (HF)": "Per-FedAvg (HF)", "pFedMe": "pFedMe", "LG-FedAvg": "LG-FedAvg"}
@@ -134,7 +134,7 @@ def test_table2_presets_change_sizes_only():
 
 
 def test_reproduce_plans_table2_with_its_baselines(tmp_path):
-    from pflkit.reproduce import plan, select
+    from pflkit.batch.reproduce import plan, select
 
     chosen = select("pfedhn", "pfedhn_table2_*")
     assert set(chosen) == {"pfedhn_table2_budget_c10", "pfedhn_table2_budget_c100"}
@@ -149,7 +149,7 @@ def test_reproduce_plans_table2_with_its_baselines(tmp_path):
 
 @pytest.fixture(scope="module")
 def grouped_run(tmp_path_factory):
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
 
     out = tmp_path_factory.mktemp("grouped")
     cfg = resolve(small(**GROUPED), "cpu")
@@ -162,9 +162,9 @@ def test_a_grouped_method_is_the_method_trained_on_its_group(grouped_run):
     from pflkit.data.datasets import load_dataset
     from pflkit.fl.federation import Federation
     from pflkit.fl.train import set_state
-    from pflkit.runner import initial_model, make_env
-    from pflkit.runner import method_setting
-    from pflkit.stages import train_method
+    from pflkit.run.runner import initial_model, make_env
+    from pflkit.run.runner import method_setting
+    from pflkit.run.stages import train_method
 
     cfg, out, results = grouped_run
     assert results["status"] == "ok"
@@ -186,7 +186,7 @@ def test_a_grouped_method_is_the_method_trained_on_its_group(grouped_run):
 
 
 def test_the_whole_federation_methods_are_unchanged_by_grouped_ones(grouped_run, tmp_path):
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
 
     cfg, _, results = grouped_run
     alone = run_experiment(resolve(small(everyone={}), "cpu"), tmp_path, progress=False)
@@ -195,7 +195,7 @@ def test_the_whole_federation_methods_are_unchanged_by_grouped_ones(grouped_run,
 
 def test_group_settings_are_part_of_the_fingerprint():
     from pflkit.data.datasets import load_dataset
-    from pflkit.runner import fingerprint, fingerprint_hash
+    from pflkit.run.runner import fingerprint, fingerprint_hash
 
     ds = load_dataset("digits")
     raw = small(**copy.deepcopy(GROUPED))
@@ -208,7 +208,7 @@ def test_group_settings_are_part_of_the_fingerprint():
 
 
 def test_the_flower_engine_refuses_grouped_methods(tmp_path):
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
 
     with pytest.raises(ConfigError, match=r"methods\.fedavg0: the flower engine cannot"):
         run_experiment(resolve(small(**GROUPED), "cpu"), tmp_path, engine="flower", progress=False)
@@ -218,7 +218,7 @@ def test_the_flower_engine_refuses_grouped_methods(tmp_path):
 
 
 def test_the_budget_standin_carries_widths_to_mlp_hidden_units(tmp_path):
-    from pflkit.notebooks import budget_standin, setup
+    from pflkit.notebooks.session import budget_standin, setup
 
     assert budget_standin(resolve("pfedhn_table1_c10_n50", "smoke")) == []
     s = setup("smoke", str(tmp_path), standin=True, threads=1)

@@ -1,4 +1,4 @@
-"""pflkit.neumann_check: the power iteration and Neumann terms against exact linear algebra, the
+"""pflkit.batch.neumann_check: the power iteration and Neumann terms against exact linear algebra, the
 unrolled hypergradient against finite differences in float64, the check's meta step against
 `fedl2p_client.meta_step` itself, and the whole check on a saved run through the CLI."""
 import argparse
@@ -15,13 +15,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers_data import digits_dataset, digits_env  # noqa: E402
 
-from pflkit import neumann_check as nc  # noqa: E402
+from pflkit.batch import neumann_check as nc  # noqa: E402
 from pflkit.algorithms import fedl2p  # noqa: E402
 from pflkit.algorithms import fedl2p_client as fc  # noqa: E402
 from pflkit.algorithms.fedl2p import FEDL2P  # noqa: E402
 from pflkit.cli import _setting, main  # noqa: E402
 from pflkit.data.datasets import load_dataset  # noqa: E402
-from pflkit.experiments import resolve  # noqa: E402
+from pflkit.run.experiments import resolve  # noqa: E402
 from pflkit.fl.federation import Client, Federation  # noqa: E402
 from pflkit.fl.train import get_state, set_state  # noqa: E402
 from pflkit.io import load_torch  # noqa: E402
@@ -29,8 +29,8 @@ from pflkit.meta.hypergrad import _grads, fomaml_plus, ift_hypergrad, leaves  # 
 from pflkit.meta.metanets import init_meta_params  # noqa: E402
 from pflkit.meta.objectives import lambda_step  # noqa: E402
 from pflkit.models import build_model  # noqa: E402
-from pflkit.runner import initial_model, make_env, run_experiment  # noqa: E402
-from pflkit.stages import method_config  # noqa: E402
+from pflkit.run.runner import initial_model, make_env, run_experiment  # noqa: E402
+from pflkit.run.stages import method_config  # noqa: E402
 
 SMALL = {"rounds": 1, "fraction": 1.0, "epochs": 1, "meta_iters": 1, "lr": 0.05, "batch_size": 16}
 

@@ -1,4 +1,4 @@
-"""Committed notebooks carry the outputs that the committed results produce (`pflkit.notebook_outputs`).
+"""Committed notebooks carry the outputs that the committed results produce (`pflkit.notebooks.outputs`).
 
 Each notebook is executed again in results mode and compared with the committed file: text outputs exactly,
 images by presence and pixel size. No output may be an error, a warning, a memory address or an absolute path.
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pflkit.notebook_outputs import compare, dumps, execute_results_mode, has_results_mode, problems, with_outputs
-from pflkit.notebooks import find_notebooks
+from pflkit.notebooks.outputs import compare, dumps, execute_results_mode, has_results_mode, problems, with_outputs
+from pflkit.notebooks.session import find_notebooks
 from tests.test_notebooks import with_data
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pflkit.notebooks import find_notebooks, install_cell_source, repository_url, run_notebooks
+from pflkit.notebooks.session import find_notebooks, install_cell_source, repository_url, run_notebooks
 
 NOTEBOOKS = find_notebooks()
-# every notebook's parameters cell takes these (`pflkit.notebooks.setup`'s arguments)
+# every notebook's parameters cell takes these (`pflkit.notebooks.session.setup`'s arguments)
 COMMON_PARAMETERS = {"preset", "out_dir", "data_root", "device", "download", "standin", "figures_dir", "seed"}
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def test_badge_and_install_cell_follow_pyproject(nb):
     links = re.findall(r"\]\((https://colab\.research\.google\.com/github/[^)]*)\)", "".join(map(_text, cells)))
     assert links == [badge]
     install = [_text(c) for c in cells if "install" in c.get("metadata", {}).get("tags", [])]
-    assert install == [install_cell_source(url)], "run pflkit.notebooks.sync_install_cells()"
+    assert install == [install_cell_source(url)], "run pflkit.notebooks.session.sync_install_cells()"
     assert f'"{url}.git"' in install[0]
 
 
@@ -103,7 +103,7 @@ def _keep_process_settings():
 
 
 def test_setup_makes_folders_and_says_smoke_numbers_are_meaningless(tmp_path, capsys):
-    from pflkit.notebooks import setup
+    from pflkit.notebooks.session import setup
 
     s = setup("smoke", str(tmp_path / "run"), threads=1)
     assert "meaningless" in capsys.readouterr().out
@@ -117,7 +117,7 @@ def test_setup_makes_folders_and_says_smoke_numbers_are_meaningless(tmp_path, ca
 
 
 def test_standin_is_used_only_when_asked_and_labelled(tmp_path):
-    from pflkit.notebooks import setup
+    from pflkit.notebooks.session import setup
 
     s = setup("smoke", str(tmp_path), standin=True, threads=1)
     cfg = s.resolve("fedl2p_table2_a0p1_e5")
@@ -134,7 +134,7 @@ def test_a_saved_run_that_blew_up_with_finite_numbers_reads_as_diverged(tmp_path
     """`Session.run` hands a notebook the results with `pflkit.report.divergence` applied, so its tables
     and conclusions never show a broken model's number as a result."""
     from pflkit.io import write_json
-    from pflkit.notebooks import setup
+    from pflkit.notebooks.session import setup
 
     s = setup("smoke", str(tmp_path / "out"), threads=1)
     ok = {"status": "ok", "acc_mean": 80.0, "acc_std": 0.0, "per_seed": [80.0], "error": ""}
@@ -150,7 +150,7 @@ def test_a_saved_run_that_blew_up_with_finite_numbers_reads_as_diverged(tmp_path
 def test_setup_refuses_a_device_the_machine_lacks(tmp_path):
     import torch
 
-    from pflkit.notebooks import setup
+    from pflkit.notebooks.session import setup
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -211,7 +211,7 @@ def test_install_cell_completes_an_interrupted_install(tmp_path):
 
 
 def test_install_cell_is_collapsed_in_jupyter_and_a_form_in_colab():
-    from pflkit.notebooks import INSTALL_METADATA
+    from pflkit.notebooks.session import INSTALL_METADATA
 
     for nb in NOTEBOOKS:
         cell = next(c for c in _cells(nb) if "install" in c.get("metadata", {}).get("tags", []))
@@ -316,9 +316,9 @@ def test_trained_reads_a_kept_run_of_the_same_settings_and_trains_otherwise(tmp_
     is what training it in the notebook gives (states and test metrics bitwise); a run with other settings is
     not read."""
     from pflkit.fl.federation import federation_for
-    from pflkit.notebooks import setup
-    from pflkit.runner import make_env, run_experiment
-    from pflkit.stages import train_method
+    from pflkit.notebooks.session import setup
+    from pflkit.run.runner import make_env, run_experiment
+    from pflkit.run.stages import train_method
     from tests.helpers_compare import assert_tree
 
     spec = tmp_path / "tiny_pc.toml"

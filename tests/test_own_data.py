@@ -17,14 +17,14 @@ from pflkit.algorithms import ALGORITHMS, replace
 from pflkit.config import ConfigError
 from pflkit.data import Dataset, DatasetMeta, dataset_digest, load_dataset, register_dataset, unregister_dataset
 from pflkit.data.datasets import dataset_names, dataset_options
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.algorithm import Update
 from pflkit.fl.federation import Federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import set_state
 from pflkit.io import load_torch, read_json
-from pflkit.runner import RunMismatchError, initial_model, load_final_states, run_experiment
-from pflkit.stages import env_for_model, train_algorithm
+from pflkit.run.runner import RunMismatchError, initial_model, load_final_states, run_experiment
+from pflkit.run.stages import env_for_model, train_algorithm
 
 MODEL = {"name": "digits_cnn", "options": {"channels": [4, 8, 8]}}
 FEDAVG = {"algorithm": "fedavg", "rounds": 1, "fraction": 1.0, "lr": 0.05, "batch_size": 16}
@@ -209,7 +209,7 @@ def test_run_experiment_takes_a_dataset_object_and_its_federation(tmp_path):
     assert res["federation"]["given"] and res["federation"]["domain_names"] == ["a", "b"]
     assert res["federation"]["sizes"]["train"] == [50, 50, 50] and res["federation"]["indices_sha256"] == fed.digest()
     assert Federation.load(out / "seed0" / "federation.npz", ds).digest() == fed.digest()  # trained on these clients
-    # the same data and clients through pflkit.stages, without the experiment: the same numbers
+    # the same data and clients through pflkit.run.stages, without the experiment: the same numbers
     env = env_for_model("digits_cnn", fed, channels=[4, 8, 8])
     direct = train_algorithm("fedavg", fed, env, rounds=1, fraction=1.0, lr=0.05, batch_size=16)
     assert [100 * direct.per_client[i]["acc"] for i in range(3)] == res["methods"]["FedAvg"]["per_client"][0]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pflkit.experiments import experiments_dir, list_experiments
+from pflkit.run.experiments import experiments_dir, list_experiments
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pflkit"
@@ -86,7 +86,7 @@ def test_installed_wheel_lists_and_resolves_from_another_directory(wheel, tmp_pa
     assert r.returncode == 0, r.stdout + r.stderr
     script = ("import sys, pflkit\n"
               "from pflkit.cli import main\n"
-              "from pflkit.experiments import resolve\n"
+              "from pflkit.run.experiments import resolve\n"
               "print('FROM', pflkit.__file__)\n"
               "print('SMOKE', resolve('demo', 'smoke').data.num_clients)\n"
               "sys.exit(main(['list']))\n")
@@ -137,4 +137,4 @@ def test_flower_app_bundle_includes_the_catalog():
     paths = set(get_filtered_fab_paths(collect_files(REPO), _pyproject()))
     tomls = {p.relative_to(REPO).as_posix() for p in (PACKAGE / "catalog").rglob("*.toml")}
     assert tomls <= paths, sorted(tomls - paths)[:5]
-    assert "pflkit/flower/app.py" in paths and "pflkit/experiments.py" in paths
+    assert "pflkit/flower/app.py" in paths and "pflkit/run/experiments.py" in paths

@@ -16,7 +16,7 @@ from pflkit.algorithms.fedper import FedPerConfig
 from pflkit.algorithms.pfedme import PFedMeConfig
 from pflkit.algorithms.pfedvem import PFedMAPConfig, PFedVEMConfig
 from pflkit.config import ConfigError
-from pflkit.experiments import list_experiments, resolve
+from pflkit.run.experiments import list_experiments, resolve
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import sample_clients
 from tests.helpers_data import digits_dataset, digits_env

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from pflkit.config import ConfigError, to_dict
-from pflkit.experiments import _split_key, list_experiments, resolve
+from pflkit.run.experiments import _split_key, list_experiments, resolve
 from pflkit.report.tables import format_table
 
 if sys.version_info >= (3, 11):

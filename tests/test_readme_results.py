@@ -170,7 +170,7 @@ def test_reproduction_report_agrees_with_committed_results(monkeypatch):
 def test_a_declared_finding_is_shown_under_its_row_and_is_not_part_of_the_configuration():
     """``[experiment] finding`` explains a surprising number beside it (pFedHN on MNIST at 100 clients,
     27.49 vs the paper's 99.16); it documents the run, so the stored result stays up to date."""
-    from pflkit.experiments import list_experiments, resolve, tomllib
+    from pflkit.run.experiments import list_experiments, resolve, tomllib
     from pflkit.io import read_json
     from pflkit.report.compact import config_digest
     from pflkit.report.reproduction import build_report

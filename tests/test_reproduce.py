@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pflkit import reproduce as rp
+from pflkit.batch import reproduce as rp
 from pflkit.cli import main
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.report import claims as cl
 from pflkit.report import compact as cp
 from pflkit.report.reproduction import build_report, out_of_date
 from pflkit.fl.engines import nbytes
 from pflkit.fl.loop import check_finite
-from pflkit.runner import load_final_states
+from pflkit.run.runner import load_final_states
 
 from helpers_catalog import tiny_toml, write_toml  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
     """Each invocation that runs a work folder's run is recorded before it starts (a killed one leaves its
     entry) with the hardware it ran on; the compact result keeps them all, so a run resumed on another
     machine names both, not only the last one's ``environment``."""
-    import pflkit.runner as runner
+    import pflkit.run.runner as runner
     from pflkit.report.reproduction import hardware
 
     real_info, real_run = runner.device_info, runner.run_experiment
@@ -162,7 +162,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
 
 
 def test_a_code_change_makes_a_result_stale(batch, monkeypatch):
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
 
     compact = batch["kw"]["results_dir"] / "smoke" / "tiny_digits.json"
     cfg = resolve(batch["catalog"] / "tiny" / "tiny_digits.toml", "smoke")
@@ -597,7 +597,7 @@ def test_cli_passes_the_selection_prints_the_summary_and_fails_on_a_failure(monk
 def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
     import papermill
 
-    import pflkit.notebooks as nbs
+    import pflkit.notebooks.session as nbs
 
     calls = []
     monkeypatch.setattr(papermill, "inspect_notebook", lambda path: {"preset": {}, "results_root": {}})
@@ -743,7 +743,7 @@ def test_jobs_must_be_positive():
 def test_the_batch_summary_names_a_finite_blow_up(batch, tmp_path, monkeypatch):
     """`run_one` reports a method that diverged with finite numbers (`pflkit.report.divergence`) in the
     batch's summary, as it does a non-finite one; the compact result keeps the run's own numbers."""
-    import pflkit.runner
+    import pflkit.run.runner
 
     folder = Path(batch["kw"]["work_dir"]) / "tiny_digits"
     res = json.loads((folder / "results.json").read_text())
@@ -751,7 +751,7 @@ def test_the_batch_summary_names_a_finite_blow_up(batch, tmp_path, monkeypatch):
     res["rounds"][label] = {"seed0": [{"round": r + 1, "train_loss": 1.0 if r < 5 else 50.0} for r in range(30)]}
     best = max(m["acc_mean"] for k, m in res["methods"].items() if k != label)
     res["methods"][label]["acc_mean"] = best / 4
-    monkeypatch.setattr(pflkit.runner, "run_experiment", lambda *a, **kw: res)
+    monkeypatch.setattr(pflkit.run.runner, "run_experiment", lambda *a, **kw: res)
     cfg = resolve(batch["catalog"] / "tiny" / "tiny_digits.toml", "smoke")
     out = rp.run_one(cfg, tmp_path / "work", tmp_path / "tiny_digits.json", code=None)
     assert (out.status, out.reason) == (rp.DONE, f"status {label}: diverged")
@@ -822,10 +822,10 @@ def test_a_stage_is_taken_only_with_the_same_settings_code_and_data(tmp_path, mo
     run["fingerprint"]["data"]["files"] = [{"bytes": 1, "sha256": "0" * 64}]
     (donor / "run.json").write_text(json.dumps(run))
     shutil.rmtree(tmp_path / "work" / "tiny_b")
-    import pflkit.reuse
+    import pflkit.batch.reuse
 
-    seeded, seed = [], pflkit.reuse.seed_from_donors
-    monkeypatch.setattr(pflkit.reuse, "seed_from_donors", lambda *a, **kw: seeded.append(seed(*a, **kw)) or seeded[-1])
+    seeded, seed = [], pflkit.batch.reuse.seed_from_donors
+    monkeypatch.setattr(pflkit.batch.reuse, "seed_from_donors", lambda *a, **kw: seeded.append(seed(*a, **kw)) or seeded[-1])
     again = _batch(tmp_path, catalog, "tiny_b", force=True)
     assert list(seeded[0]) == ["Global"] and "reused" not in again  # seeded, then refused by the runner
     assert _numbers(again) == _numbers(_batch(tmp_path / "alone", catalog, "tiny_b", reuse=False))
@@ -856,7 +856,7 @@ def test_one_experiments_stages_trained_in_two_part_runs_are_put_together(tmp_pa
 
 
 def test_stage_keys_follow_what_a_stage_starts_from():
-    from pflkit.reuse import stage_keys
+    from pflkit.batch.reuse import stage_keys
 
     def fp(pre_lr=0.05, fedavg_lr=0.1, files="a"):
         methods = [{"label": "FedAvg", "algorithm": "fedavg", "lr": fedavg_lr},
@@ -879,9 +879,9 @@ def test_stage_keys_follow_what_a_stage_starts_from():
 
 
 def test_other_code_that_computes_the_same_stales_nothing_and_a_changed_stage_reruns_alone(tmp_path, monkeypatch):
-    """`pflkit.behaviour`: with another run-code digest, a result whose stages' micro-runs are unchanged is up
+    """`pflkit.batch.behaviour`: with another run-code digest, a result whose stages' micro-runs are unchanged is up
     to date; when one stage's behaviour changes, the batch reruns that stage only, resuming its work folder."""
-    import pflkit.behaviour as bh
+    import pflkit.batch.behaviour as bh
 
     catalog = tmp_path / "catalog"
     write_tiny(catalog, "tiny_a")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pflkit import reproduce as rp
-from pflkit.behaviour import BehaviourCache
+from pflkit.batch import reproduce as rp
+from pflkit.batch.behaviour import BehaviourCache
 from pflkit.cli import main
 from pflkit.report.compact import config_digest
 from pflkit.report.reproduction import build_report
-from pflkit.restage import (AVX2_PATHS, _run_group, other_settings_match, restage, retry_on_avx2,
+from pflkit.batch.restage import (AVX2_PATHS, _run_group, other_settings_match, restage, retry_on_avx2,
                             stage_chain, upstream_mismatch, worker_paths)
 
 from helpers_catalog import tiny_toml, write_toml  # noqa: E402
@@ -146,9 +146,9 @@ def test_a_changed_setting_of_the_stage_rerun_is_taken_any_other_refused(setup, 
 
 
 def test_a_run_that_raises_is_one_failed_row_and_leaves_the_result(setup, monkeypatch):
-    import pflkit.runner
-    from pflkit.experiments import resolve
-    from pflkit.restage import restage_one
+    import pflkit.run.runner
+    from pflkit.run.experiments import resolve
+    from pflkit.batch.restage import restage_one
 
     path, kw = setup
     _edit(path, _stale)
@@ -156,7 +156,7 @@ def test_a_run_that_raises_is_one_failed_row_and_leaves_the_result(setup, monkey
 
     def broken(*args, **kwargs):
         raise RuntimeError("a stage crashed")
-    monkeypatch.setattr(pflkit.runner, "run_experiment", broken)
+    monkeypatch.setattr(pflkit.run.runner, "run_experiment", broken)
     cfg = resolve(kw["catalog"] / "tiny" / "tiny_ft.toml", "smoke")
     outcome = restage_one(cfg, kw["work_dir"] / "tiny_ft", path, ["FT (BN C)"], code=rp.code_version())
     assert outcome.status == rp.FAILED and "a stage crashed" in outcome.reason

@@ -5,8 +5,8 @@ import dataclasses
 import json
 import math
 
-from pflkit.experiments import resolve
-from pflkit.runner import run_experiment, train_locally
+from pflkit.run.experiments import resolve
+from pflkit.run.runner import run_experiment, train_locally
 
 
 def _dropping_client(label: str, client: int):

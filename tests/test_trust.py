@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from pflkit.cli import default_out, main
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.loop import _score, missing_clients, nonfinite_paths
 from pflkit.io import CheckpointError, load_torch, locked_folder, save_torch
 from pflkit.report.tables import format_table
@@ -265,7 +265,7 @@ def _write_usps(path: Path, seed: int, n: int = 200) -> None:
 
 
 def test_explicit_data_root_wins_and_the_file_is_recorded(tmp_path, monkeypatch):
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
 
     explicit, env_root = tmp_path / "explicit", tmp_path / "env"
     explicit.mkdir(), env_root.mkdir()
@@ -379,7 +379,7 @@ def test_random_kills_then_resume_give_the_uninterrupted_results(tmp_path):
 
 
 def test_standard_error_over_seeds_by_hand():
-    from pflkit.runner import standard_error
+    from pflkit.run.runner import standard_error
 
     assert standard_error([50.0]) is None
     # values 1, 2, 3: sample sd 1, so the standard error is 1 / sqrt(3)

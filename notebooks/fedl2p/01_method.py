@@ -104,7 +104,7 @@ from IPython.display import Markdown, display
 from torch import nn
 
 from pflkit.models.mixed_bn import convert_bn, init_client_stats, set_bn_mode
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.fedl2p import load_report
 from pflkit.report.fedl2p_learned import drawable, learned, learned_reading, meta_rounds, plot_learned

@@ -91,7 +91,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.fedl2p import versus_finetuning
 from pflkit.report.figures import plot_client_values, plot_methods, save_figure

@@ -106,7 +106,7 @@ from IPython.display import Image, Markdown, display
 
 from pflkit.data.corruptions import CORRUPTIONS, corrupt
 from pflkit.data.base import DatasetNotFoundError
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.fedl2p import client_groups, load_report, plot_hyperparameters_by_domain, versus_finetuning
 from pflkit.report.fedl2p_learned import (

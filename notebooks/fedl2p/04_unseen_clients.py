@@ -94,7 +94,7 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.fedl2p import versus_finetuning
 from pflkit.report.fedl2p_learned import drawable, learned, learned_reading, paper_label, plot_learned

@@ -100,7 +100,7 @@ from IPython.display import Image, Markdown, display
 
 from pflkit.analysis.clustering import cluster_ari, report_matrix
 from pflkit.data.base import DatasetNotFoundError
-from pflkit.notebooks import figures_root, setup
+from pflkit.notebooks.session import figures_root, setup
 from pflkit.report import readings
 from pflkit.report.committed import MissingResultError, results_dir as committed_dir
 from pflkit.report.fedl2p import (

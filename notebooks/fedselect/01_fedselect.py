@@ -96,12 +96,12 @@ from IPython.display import Markdown, display
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import Federation, build_federation
 from pflkit.io import read_json
 from pflkit.models import build_model, head_param_names
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.compact import analysis
 from pflkit.report.fedselect import (SELECT_ROW, accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading,
@@ -109,7 +109,7 @@ from pflkit.report.fedselect import (SELECT_ROW, accuracy_vs_p_reading, layer_ma
                                      plot_fig1, plot_gradltn_schedule, plot_layer_masks, plot_mask_overlap,
                                      stored_head_iou, table1_frame, table1_reading)
 from pflkit.report.figures import save_figure
-from pflkit.runner import final_states_path, load_final_states, make_env, run_experiment
+from pflkit.run.runner import final_states_path, load_final_states, make_env, run_experiment
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)

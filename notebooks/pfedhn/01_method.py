@@ -95,11 +95,11 @@ from pflkit.fl.engines import nbytes
 from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import run_rounds
 from pflkit.models import count_params
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import pfedhn as report
 from pflkit.report.figures import OKABE_ITO, save_figure
-from pflkit.runner import initial_model, make_env
-from pflkit.stages import method_config
+from pflkit.run.runner import initial_model, make_env
+from pflkit.run.stages import method_config
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)

@@ -85,7 +85,7 @@ results_dir = None  # results mode: the committed results' folder (None: the che
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import pfedhn as report
 from pflkit.report import readings
 from pflkit.report.figures import plot_methods, save_figure

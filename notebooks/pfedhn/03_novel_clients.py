@@ -83,7 +83,7 @@ tv_basis = "p_hat"  # "p_hat", the paper's, or "labels"
 # %%
 from IPython.display import Markdown, display
 
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import pfedhn as report
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,

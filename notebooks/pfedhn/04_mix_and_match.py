@@ -77,7 +77,7 @@ results_dir = None  # results mode: the committed results' folder (None: the che
 # %%
 from IPython.display import Markdown, display
 
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import pfedhn as report
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
@@ -124,8 +124,8 @@ if source == "train":
     from pflkit.analysis.pfedhn import client_classes
     from pflkit.fl.federation import federation_for
     from pflkit.report.figures import save_figure
-    from pflkit.runner import make_env
-    from pflkit.stages import method_config
+    from pflkit.run.runner import make_env
+    from pflkit.run.stages import method_config
 
     exp = session.resolve(name)
     data_label = session.dataset_label(exp)

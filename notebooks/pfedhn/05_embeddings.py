@@ -82,7 +82,7 @@ results_dir = None  # results mode: the committed results' folder (None: the che
 # %%
 from IPython.display import Markdown, display
 
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import pfedhn as report
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
@@ -126,7 +126,7 @@ if source == "train":
     from pflkit.analysis.embeddings import embedding_report, tsne_2d
     from pflkit.fl.federation import federation_for
     from pflkit.report.figures import save_figure
-    from pflkit.runner import make_env
+    from pflkit.run.runner import make_env
 
     exp = session.resolve(name)
     if exp.data.scheme != "domains":

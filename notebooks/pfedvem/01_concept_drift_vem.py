@@ -97,17 +97,17 @@ from IPython.display import Markdown, display
 
 from pflkit.data.base import DatasetNotFoundError
 from pflkit.data.partition import concept_drift_choices
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.federation import federation_for
 from pflkit.io import read_json
-from pflkit.notebooks import setup
+from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.committed import MissingResultError
 from pflkit.report.compact import analysis
 from pflkit.report.figures import save_figure
 from pflkit.report.pfedvem import (head_size, method_option, plot_table1, plot_trust, table1, table1_reading,
                                    trust_from_analysis, trust_reading, trust_takeaway)
-from pflkit.runner import make_env
+from pflkit.run.runner import make_env
 
 if source == "results" and standin:  # the committed result is on the real dataset: its images would not match
     raise ValueError("standin=True: the committed results are not on the stand-in; set source='train' to run it")

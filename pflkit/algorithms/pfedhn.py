@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pflkit.progress import tqdm
 
 from pflkit.algorithms import hypernet as hn
 from pflkit.config import OMIT_DEFAULT, non_negative, one_of, positive, require
@@ -58,6 +57,7 @@ from pflkit.fl.federation import Federation, contiguous_group
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import evaluate_model, round_sgd
 from pflkit.fl.transport import evaluate_clients
+from pflkit.io import progress_bar
 from pflkit.models.introspect import head_param_names
 
 
@@ -466,7 +466,7 @@ def fit_novel_clients(trained_state: dict, novel, cfg, env, *, init: str = "mean
         return run_rounds(algo, ncfg, novel, env.model_fn().to(env.device), env, desc=desc)
     t0 = time.perf_counter()
     state, client_states, history = algo.init(None, novel, ncfg, env), {}, []
-    for client in tqdm(novel.clients, desc=desc, disable=desc is None or None):
+    for client in progress_bar(novel.clients, desc=desc, disable=desc is None or None):
         state, client_states[client.id], info = fit_novel_embedding(state, client, None, ncfg, env)
         history.append(info)
     result = StageResult("ok", state, client_states, history)

@@ -3,7 +3,7 @@ spectral normalization (Table 4: how personal the generated weights are, what si
 
 Pure functions of federations, per-client results, generated tensors and networks: they give the arrays the
 notebooks plot.
-Nothing here trains or runs a model: `pflkit.stages` trains a method on a chosen federation and
+Nothing here trains or runs a model: `pflkit.run.stages` trains a method on a chosen federation and
 `pflkit.algorithms.pfedhn.mix_and_match` evaluates the generated models.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pflkit.progress import tqdm
+from pflkit.io import progress_bar
 
 from .base import ENV_OFFLINE, cache_dir, offline
 from .provenance import NOTE_NAME
@@ -188,7 +188,7 @@ def download_file(res: Resource, folder: Path) -> tuple[Path, dict]:
         length = resp.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None
         size = 0
-        with tqdm(total=total, unit="B", unit_scale=True, desc=res.filename, leave=False) as bar:
+        with progress_bar(total=total, unit="B", unit_scale=True, desc=res.filename, leave=False) as bar:
             for block in iter(lambda: resp.read(CHUNK), b""):
                 out.write(block)
                 for d in digests.values():

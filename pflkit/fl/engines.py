@@ -67,7 +67,7 @@ def check_engine(name: Any) -> str:
 
 def available_cpus() -> int:
     """CPU cores this process may run on: ``$PFLKIT_CPUS`` when set (a batch worker's share of the
-    cores, `pflkit.reproduce`), else its affinity mask where the OS has one, else every core."""
+    cores, `pflkit.batch.reproduce`), else its affinity mask where the OS has one, else every core."""
     share = os.environ.get("PFLKIT_CPUS", "")
     if share.isdigit() and int(share) >= 1:
         return int(share)

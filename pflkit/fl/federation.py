@@ -233,7 +233,7 @@ class Federation:
 
     def rebind(self, dataset: Dataset) -> "Federation":
         """The same clients (index sets, info, recipe) over ``dataset``: the same samples, e.g. normalized
-        with other statistics (`pflkit.pretraining.client_data`). The pooled sizes must agree."""
+        with other statistics (`pflkit.run.pretraining.client_data`). The pooled sizes must agree."""
         meta, x, y = _pool(dataset, self.recipe.get("task", "label"))
         if len(y) != len(self.y):
             raise ValueError(f"the federation holds {len(self.y)} pooled samples, dataset {dataset.name!r} {len(y)}")
@@ -353,7 +353,7 @@ def _holdout(idx: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np
 def federation_for(data, dataset: Dataset, seed: int) -> "Federation":
     """The federation an experiment's data settings give over ``dataset`` for one seed.
 
-    ``data``: an experiment's ``[data]`` (or ``[pretrain.data]``) settings, `pflkit.experiments.DataConfig`:
+    ``data``: an experiment's ``[data]`` (or ``[pretrain.data]``) settings, `pflkit.run.experiments.DataConfig`:
     every engine, notebook and analysis builds its clients through this one call, so they all see the
     same partition, holdouts, unseen clients and augmentation.
     """

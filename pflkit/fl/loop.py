@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pflkit.progress import tqdm
 
 from pflkit.config import to_dict
 from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
@@ -37,7 +36,7 @@ from pflkit.fl.engines import check_engine, fallback_reason
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import Diverged
 from pflkit.fl.transport import Evaluation, LocalTransport, RoundWork, Transport
-from pflkit.io import load_torch, save_torch
+from pflkit.io import load_torch, progress_bar, save_torch
 from pflkit.kernels import use_backend
 
 log = logging.getLogger(__name__)
@@ -254,7 +253,7 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
         log.info("resumed %s at round %d from %s", algo.name, start, checkpoint)
     t0 -= earlier
     val_ids = eval_clients(fed.seen_ids, cfg, env)
-    bar = tqdm(range(start, cfg.rounds), desc=desc, initial=start, total=cfg.rounds, disable=desc is None or None)
+    bar = progress_bar(range(start, cfg.rounds), desc=desc, initial=start, total=cfg.rounds, disable=desc is None or None)
     try:
         for t in bar:
             now = env.at_round(t)  # the round's context: phases read the round, none can change it

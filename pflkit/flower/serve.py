@@ -2,7 +2,7 @@
 
 `serve(grid, settings)` is what the ServerApp's ``main`` does (`build_server_app` makes that ServerApp): resolve the experiment
 from the settings (run config), map nodes to clients once, then run it with
-`pflkit.runner.run_experiment`, whose engine for each stage is a `PflkitStrategy`
+`pflkit.run.runner.run_experiment`, whose engine for each stage is a `PflkitStrategy`
 instead of pflkit's own loop. The files written are those of a pflkit run: one JSON per
 stage, the pretrained weights, ``federation.npz`` and ``results.json``. One Flower run
 serves every stage, so Ray starts once per experiment.
@@ -24,7 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from pflkit.flower.runtime import experiment_from_settings, settings_for
 from pflkit.flower.nodes import NodeMap
 from pflkit.flower.server_app import PflkitStrategy
-from pflkit.runner import run_experiment
+from pflkit.run.runner import run_experiment
 
 log = logging.getLogger(__name__)
 

@@ -295,7 +295,7 @@ class PflkitStrategy(Strategy):
         ``num_rounds`` / ``timeout`` override the config's rounds and the strategy's timeout.
         The pflkit outcome (history, per-client test metrics) is in ``self.result``.
         """
-        from pflkit.runner import initial_model
+        from pflkit.run.runner import initial_model
 
         if num_rounds is not None:
             self.cfg = dc_replace(self.cfg, rounds=num_rounds)

@@ -30,7 +30,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from pflkit.experiments import ExperimentConfig
+from pflkit.run.experiments import ExperimentConfig
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import settings_for
 from pflkit.flower.serve import build_server_app
@@ -179,7 +179,7 @@ def run_flower(cfg: ExperimentConfig, out, *, data_root=None, backend: str = "ra
     """Run ``cfg`` (every seed and stage) on Flower; writes ``out/results.json`` and returns the results.
 
     Args:
-        cfg: a resolved experiment (`pflkit.experiments.resolve`).
+        cfg: a resolved experiment (`pflkit.run.experiments.resolve`).
         out: output folder (the same files as a pflkit run).
         data_root: dataset folder (None: pflkit's default search).
         backend: ``"ray"`` (``flwr.simulation.run_simulation``) or ``"inprocess"`` (`LocalGrid`).

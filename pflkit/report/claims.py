@@ -1,6 +1,6 @@
 """Each paper's qualitative claims, written once as small pure functions over compact results.
 
-A claim function takes ``{experiment name: compact result}`` (`pflkit.reproduce.compact_result`,
+A claim function takes ``{experiment name: compact result}`` (`pflkit.batch.reproduce.compact_result`,
 the files under ``results/<preset>/``) and returns a `ClaimResult`: ``holds``, ``fails``,
 ``inconclusive``, ``budget-limited`` or ``not run`` (the experiments or methods it needs have no
 usable result), with the paper's number, ours, the 95% interval the verdict was read from and a

@@ -16,7 +16,7 @@ Both of two signs are required, because either alone misleads:
   same run. Alone it is not enough either: a method may simply not learn (a result, not a divergence).
 
 The rule reads the stored history only, so it applies to results made before it existed; it lives
-in the report, which does not change a run's code version (`pflkit.reproduce.NOT_RUN_CODE`).
+in the report, which does not change a run's code version (`pflkit.batch.reproduce.NOT_RUN_CODE`).
 """
 from __future__ import annotations
 
@@ -86,5 +86,5 @@ def mark_divergence(res: dict) -> dict:
         m.update(status="diverged", acc_mean=None, acc_std=None, acc_sem=None, unseen=None,
                  per_seed=[None] * len(m.get("per_seed") or []),
                  error="; ".join(e for e in (m.get("error"), reason) if e))
-    out["status"] = "diverged"  # the worst status there is (`pflkit.runner.STATUS_ORDER`)
+    out["status"] = "diverged"  # the worst status there is (`pflkit.run.runner.STATUS_ORDER`)
     return out

@@ -1,6 +1,6 @@
 """FedL2P's figures and tables from saved runs (Fig. 2 / 4, Table 6, Fig. 3 / 5, Tables 1-5).
 
-Pure functions of the files `pflkit.runner` writes: ``results.json``, and per seed
+Pure functions of the files `pflkit.run.runner` writes: ``results.json``, and per seed
 ``seed{S}/federation.npz`` (each client's metadata: domain, corruption, speaker, pool) and
 ``seed{S}/<method slug>.report.json`` (`pflkit.algorithms.fedl2p.hyperparameter_report`:
 per client beta per BN layer, eta per parameter tensor, sparsity, xi, features).

@@ -58,7 +58,7 @@ def stage_rounds(results: Mapping[str, dict], pattern: str, algorithm: str) -> t
     the rounds the same stages have at the ``paper`` preset of their experiment files)."""
     import fnmatch
 
-    from pflkit.experiments import list_experiments, resolve
+    from pflkit.run.experiments import list_experiments, resolve
 
     files = list_experiments()
     here, paper = [], []

@@ -168,7 +168,7 @@ def best_text(results: dict[str, dict], scenarios: list[str] | None = None) -> s
 
 def declared_exclusions(root: Path | None = None) -> dict[str, dict[str, str]]:
     """``{experiment: {label: why}}`` from each matrix file's ``[experiment] excluded`` table."""
-    from pflkit.experiments import list_experiments, tomllib
+    from pflkit.run.experiments import list_experiments, tomllib
 
     out = {}
     for name, path in list_experiments(root).items():

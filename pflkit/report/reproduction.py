@@ -69,7 +69,7 @@ def _natural(text: str):
 def catalog_stubs(preset: str, root=None) -> dict[str, dict]:
     """Every catalog experiment at ``preset`` as a stub (paper, table, title, published), for rows not run."""
     from pflkit.config import ConfigError
-    from pflkit.experiments import list_experiments, resolve
+    from pflkit.run.experiments import list_experiments, resolve
 
     out = {}
     for name, path in list_experiments(Path(root) if root else None).items():
@@ -86,7 +86,7 @@ def _current_digest(name: str, preset: str, overrides: tuple[str, ...], root: st
     """`config_digest` of catalog experiment ``name`` resolved now at ``preset`` with ``overrides``;
     None when the catalog has no such experiment or it does not resolve."""
     from pflkit.config import ConfigError
-    from pflkit.experiments import list_experiments, resolve
+    from pflkit.run.experiments import list_experiments, resolve
 
     path = list_experiments(Path(root) if root else None).get(name)
     if path is None:
@@ -117,7 +117,7 @@ def out_of_date(res: dict, root=None) -> bool:
 def _declared(name: str, key: str) -> str | None:
     """``[experiment] <key>`` of the catalog file ``name`` (``stands_in_for``, ``finding``), when it says so:
     documentation the report shows, not part of the configuration (so not of its digest)."""
-    from pflkit.experiments import list_experiments, tomllib
+    from pflkit.run.experiments import list_experiments, tomllib
 
     path = list_experiments().get(name)
     if path is None:
@@ -245,7 +245,7 @@ def _kind(env: dict) -> str:
 
 
 def hardware(res: dict) -> str:
-    """What a run ran on: from its ``invocations`` (`pflkit.reproduce`: every invocation that ran it), each
+    """What a run ran on: from its ``invocations`` (`pflkit.batch.reproduce`: every invocation that ran it), each
     kind once in the order first used, ``"a CPU with AVX2, then a CPU with AVX512"``, with a note when
     earlier invocations were not recorded; without them, from ``environment`` (the last invocation's);
     "" when the result records neither."""
@@ -277,7 +277,7 @@ def _why_not_ok(res: dict) -> str:
 
 
 def _reused(res: dict) -> str:
-    """`` Taken from ...``: the stages the run took from another experiment's identical run (`pflkit.reuse`)."""
+    """`` Taken from ...``: the stages the run took from another experiment's identical run (`pflkit.batch.reuse`)."""
     by_donor: dict[str, list[str]] = {}
     for label, r in (res.get("reused") or {}).items():
         by_donor.setdefault(r["from"], []).append(f"`{label}`")
@@ -286,7 +286,7 @@ def _reused(res: dict) -> str:
 
 
 def _restaged(res: dict) -> str:
-    """`` Rerun alone ...``: the stages trained again on their own after the run (`pflkit.restage`), each time
+    """`` Rerun alone ...``: the stages trained again on their own after the run (`pflkit.batch.restage`), each time
     with the stages they start from, which gave the row's records back exactly."""
     parts = []
     for r in res.get("restaged") or []:

@@ -42,7 +42,7 @@ def format_table(results: dict, columns: Iterable[str] = ("method", "ours", "pap
 
     ``dataset``: how to name the data in the heading (e.g. a stand-in's label); ``paper_header``:
     the heading of the paper's column (``"paper (on CIFAR-10)"`` beside another dataset's numbers).
-    Under the table, when the preset declares any (`pflkit.experiments`, ``deviations``), the
+    Under the table, when the preset declares any (`pflkit.run.experiments`, ``deviations``), the
     settings at which this run differs from the paper's, with their values.
     """
     df = results_table(results).rename(columns={"paper": paper_header})

@@ -4,11 +4,11 @@ import pytest
 
 from pflkit.analysis.masks import client_masks, density, pairwise_iou
 from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.federation import Federation
 from pflkit.io import read_json
 from pflkit.models import head_param_names
-from pflkit.runner import load_final_states, make_env, run_experiment
+from pflkit.run.runner import load_final_states, make_env, run_experiment
 
 LABEL = 'methods."FedSelect (0.50)"'
 

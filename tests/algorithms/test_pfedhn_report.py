@@ -5,9 +5,9 @@ import pytest
 
 from pflkit.algorithms.pfedhn import PFedHNConfig, PFedHNPCConfig
 from pflkit.config import ConfigError
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.report.compact import analysis
-from pflkit.runner import run_experiment
+from pflkit.run.runner import run_experiment
 
 pytestmark = pytest.mark.needs_data(experiments=["pfedhn_fig3_mixmatch"])
 

@@ -8,13 +8,13 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.analysis.pfedhn import novel_tv, tv_to_nearest
 from pflkit.config import ConfigError
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.algorithm import Env
 from pflkit.fl.federation import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
 from pflkit.report.compact import analysis
-from pflkit.runner import run_experiment
+from pflkit.run.runner import run_experiment
 from tests.helpers_data import digits_dataset
 
 PFEDHN = ALGORITHMS["pfedhn"]

@@ -32,7 +32,7 @@ RAW = {
 
 def experiment(methods=None, extra=None, **changes):
     """RAW keeping only the ``methods`` labels, plus ``extra`` methods and top-level ``changes``; preset smoke."""
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
 
     raw = copy.deepcopy(RAW)
     if methods is not None:

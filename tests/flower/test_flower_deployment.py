@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pflkit.experiments import resolve
-from pflkit.runner import run_experiment
+from pflkit.run.experiments import resolve
+from pflkit.run.runner import run_experiment
 from tests.flower.deployment import SHORT_HEARTBEAT, Deployment, flower_cli_available, wait_until
 from tests.flower.helpers_flower import rounded
 

@@ -212,7 +212,7 @@ def fedselect_with_a_restart(tmp_path, monkeypatch, node_config: dict) -> dict:
 def test_a_restarted_node_reads_its_clients_state_back_from_its_state_folder(tmp_path, monkeypatch):
     """With a node state folder the restarted node finds client 3's FedSelect mask there: the run has the
     local loop's numbers (no failure); without one, client 3 fails for the lost state (not a fresh start)."""
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
     from tests.flower.helpers_flower import assert_same_run
 
     cfg, results = fedselect_with_a_restart(tmp_path / "kept", monkeypatch, {"state-dir": str(tmp_path / "states")})

@@ -18,7 +18,7 @@ from pflkit.flower.server_app import PflkitStrategy
 from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
-from pflkit.runner import initial_model, make_env, run_experiment
+from pflkit.run.runner import initial_model, make_env, run_experiment
 from tests.flower.helpers_flower import assert_same_run, experiment, rounded
 
 

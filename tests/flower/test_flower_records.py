@@ -9,7 +9,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.experiments import list_experiments, resolve
+from pflkit.run.experiments import list_experiments, resolve
 from pflkit.fl.federation import build_federation
 from pflkit.fl.engines import nbytes
 from pflkit.flower.client_app import load_client_state, save_client_state

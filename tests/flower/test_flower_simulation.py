@@ -12,7 +12,7 @@ import math
 import pytest
 
 from pflkit.flower.simulation import run_flower
-from pflkit.runner import run_experiment
+from pflkit.run.runner import run_experiment
 from tests.flower.helpers_flower import assert_same_run, experiment
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Flower's simulation needs ray")

@@ -25,7 +25,7 @@ question for the exact derivative, which this module also computes.
   lambda of a FedL2P stage checkpoint (`checkpoint_lambda`); ``pflkit check-hypergradient``
   prints it.
 
-Not run code (`pflkit.reproduce.NOT_RUN_CODE`): a run never imports this module, and it
+Not run code (`pflkit.batch.reproduce.NOT_RUN_CODE`): a run never imports this module, and it
 writes nothing into a run's folder.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torch.func import functional_call
 
 from pflkit.algorithms import fedl2p, fedl2p_client as fc
 from pflkit.data.datasets import load_dataset
-from pflkit.experiments import resolve
+from pflkit.run.experiments import resolve
 from pflkit.fl.federation import Federation
 from pflkit.fl.train import set_state
 from pflkit.io import load_torch, slug
@@ -50,9 +50,9 @@ from pflkit.meta.linear_solve import dot
 from pflkit.meta.metanets import GROUPS, group_of
 from pflkit.meta.objectives import lambda_step, meta_losses
 from pflkit.models.mixed_bn import MixedBatchNorm
-from pflkit.pretraining import client_data, load_pretrain_data
-from pflkit.runner import initial_model, make_env
-from pflkit.stages import method_config
+from pflkit.run.pretraining import client_data, load_pretrain_data
+from pflkit.run.runner import initial_model, make_env
+from pflkit.run.stages import method_config
 
 __all__ = ["largest_eigenvalue", "neumann_terms", "unrolled_hypergradient", "fedl2p_step_check", "run_step_check",
            "format_rows", "step_generator", "cosine", "checkpoint_lambda"]
@@ -269,7 +269,7 @@ def run_step_check(experiment: str | Path | dict, run_dir: str | Path, *, preset
 
     Args:
         experiment: what the run was made from: a catalog name, a TOML file or a dict
-            (`pflkit.experiments.resolve`); its first FedL2P method is checked.
+            (`pflkit.run.experiments.resolve`); its first FedL2P method is checked.
         run_dir: the run's folder (``--out`` of ``pflkit run``, or ``--work``/NAME of
             ``pflkit reproduce``): its ``seedS/federation.npz`` and the pretraining stage's
             ``seedS/<label>.weights.pt`` are read (``weights_only``).

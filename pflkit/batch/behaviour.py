@@ -1,11 +1,11 @@
 """A fingerprint per stage that follows what the stage computes, not the text of the code that computes it.
 
 A committed result goes stale when its numbers would change. The digest of every run module
-(`pflkit.reproduce.code_version`) changes with any edit -- a refactor, a moved function, a faster engine that
+(`pflkit.batch.reproduce.code_version`) changes with any edit -- a refactor, a moved function, a faster engine that
 gives the same numbers -- and would make every result stale at once. A stage's fingerprint instead is
 
 * its settings: data, model, the stage's own settings and those of the stage it starts from
-  (`pflkit.reuse.stage_keys`, without the data files, which the runner checks on its own);
+  (`pflkit.batch.reuse.stage_keys`, without the data files, which the runner checks on its own);
 * its behaviour: the digest of what the stage computes, bitwise, on a micro-run of the same experiment
   at its ``smoke`` preset (the same algorithm, data set, partition scheme and model at tiny sizes): its
   per-client and per-round numbers and its report, everything but wall times (`record_digest`);
@@ -84,9 +84,9 @@ def _one_thread():
 def micro_run(path: Path, overrides=()) -> tuple[str, dict[str, str | None]]:
     """(digest of the smoke configuration, ``{stage label: behaviour digest}``) of the experiment file ``path``
     run at ``smoke`` on the CPU; every digest is None when it cannot run (data missing, invalid at smoke)."""
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
     from pflkit.report.compact import config_digest
-    from pflkit.runner import run_experiment
+    from pflkit.run.runner import run_experiment
 
     smoke = resolve(path, "smoke", [*overrides, "device=cpu"])
     labels = ([smoke.pretrain.label] if smoke.pretrain else []) + [m.label for m in smoke.methods]
@@ -113,7 +113,7 @@ class BehaviourCache:
         self.changed = False
 
     def behaviour(self, name: str, path: Path, overrides=()) -> dict[str, str | None]:
-        from pflkit.experiments import resolve
+        from pflkit.run.experiments import resolve
         from pflkit.report.compact import config_digest
 
         entry = self.entries.get(name)
@@ -137,7 +137,7 @@ def stage_fingerprints(cfg, path: Path, code: dict, cache: BehaviourCache | None
                        overrides=()) -> dict[str, str]:
     """``{stage label: fingerprint}`` of the resolved experiment ``cfg`` read from ``path``: settings,
     behaviour (``cache``'s micro-run; the code digest where there is none) and upstream (module docstring)."""
-    from pflkit.reuse import fingerprinted_config, stage_keys, stage_upstreams
+    from pflkit.batch.reuse import fingerprinted_config, stage_keys, stage_upstreams
 
     config = fingerprinted_config(cfg)
     settings, upstream = stage_keys({"config": config}), stage_upstreams(config)
@@ -167,7 +167,7 @@ def add_stage_fingerprints(results_dir, preset: str, code: dict, catalog: Path |
     describe it. Any other is left as it is (a result stored without a code digest, made with
     ``--no-code-check``, cannot be told apart from one made by other code).
     """
-    from pflkit.experiments import list_experiments, resolve
+    from pflkit.run.experiments import list_experiments, resolve
     from pflkit.report.compact import config_digest
 
     files, done = list_experiments(catalog), {}

@@ -4,7 +4,7 @@ FedL2P personalizes a model pretrained elsewhere: for CIFAR-10-C the FedAvg mode
 clean CIFAR-10 (alpha = 1000; sec. 4.3, App. D), for Office-Caltech-10 / DomainNet
 torchvision's ImageNet ResNet-18 with a new head (sec. 4.4, App. D), so the clients'
 feature shift is unseen during pretraining. Here the pieces of that, generic for any
-experiment (`pflkit.experiments.PretrainStage`):
+experiment (`pflkit.run.experiments.PretrainStage`):
 
 * `load_pretrain_data` / `source_split`: the ``[pretrain.data]`` dataset, optionally
   only its train (or test) split, so no client image is drawn for pretraining;
@@ -18,7 +18,7 @@ experiment (`pflkit.experiments.PretrainStage`):
 * `carry_weights`: body copied exactly, head kept or re-initialized (seeded);
 * `pretrain_provenance`: what results.json records about all of it.
 
-`pflkit.runner.run_pretrain` puts them together for each seed.
+`pflkit.run.runner.run_pretrain` puts them together for each seed.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, ImageFiles, offline
 from pflkit.data.datasets import dataset_digest, is_user_dataset, load_dataset
 from pflkit.data.provenance import dataset_record, weights_record
-from pflkit.experiments import ExperimentConfig, PretrainStage
+from pflkit.run.experiments import ExperimentConfig, PretrainStage
 from pflkit.fl.algorithm import Env
 from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch
@@ -44,7 +44,7 @@ def source_split(dataset: Dataset, which: str) -> Dataset:
     """``dataset`` with only its ``which`` split (``train`` / ``test``) kept; ``all`` returns it unchanged.
 
     A federation pools a dataset's train and test splits; keeping one leaves nothing of the
-    other to draw from (`pflkit.experiments.PretrainDataConfig.source_split`).
+    other to draw from (`pflkit.run.experiments.PretrainDataConfig.source_split`).
     """
     if which == "all":
         return dataset

@@ -5,13 +5,13 @@ For each selected experiment file (``paper``, ``only``) at one preset:
 1. resolve it (an invalid file fails that experiment only, not the batch);
 2. skip it when ``results/<preset>/<name>.json`` holds a compact result of the same resolved
    configuration (`config_hash`) and the same code (`code_version`), or, made by other code, the same
-   behavioural fingerprint of every stage (`pflkit.behaviour`: what the stage computes on a micro-run);
-3. else run it with `pflkit.runner.run_experiment` into its work folder
+   behavioural fingerprint of every stage (`pflkit.batch.behaviour`: what the stage computes on a micro-run);
+3. else run it with `pflkit.run.runner.run_experiment` into its work folder
    (``runs/reproduce/<preset>/<name>``): resumed when that folder holds an unfinished run of the
    same configuration and code (or, of other code, with the stages whose behaviour changed dropped, so only
    they train again), started over otherwise; a run started over first takes the finished
    stages another run folder of the work folder made with the same settings, data and code
-   (`pflkit.reuse`). A dataset (or pretrained weights file) that cannot be had offline makes it
+   (`pflkit.batch.reuse`). A dataset (or pretrained weights file) that cannot be had offline makes it
    "not run (data missing: NAME)" and the batch goes on;
 4. write the compact result (`compact_result`) from the run's ``results.json`` and its
    per-method reports (`pflkit.report.compact`): what the reproduction report and the claim checks
@@ -49,8 +49,8 @@ from typing import Callable, Iterator
 
 import pflkit
 from pflkit.config import ConfigError
-from pflkit.behaviour import BehaviourCache, stage_fingerprints, stale_stages
-from pflkit.io import locked_folder, read_json, write_json
+from pflkit.batch.behaviour import BehaviourCache, stage_fingerprints, stale_stages
+from pflkit.io import locked_folder, progress_bar, read_json, write_json
 from pflkit.report.compact import COMPACT_FORMAT, compact_path, compact_result, config_digest
 from pflkit.report.divergence import mark_divergence
 
@@ -60,16 +60,15 @@ STATUS_FILE = "_status.json"  # per experiment: the last batch's outcome (why on
 MATRIX_DONE = "_matrix_done.json"  # in the work folder: the inputs the matrix table and figure were drawn from
 NOTEBOOKS_DONE = "_done.json"  # in the work folder's notebooks/: each executed notebook's inputs (`_notebook_key`)
 MARKER = "reproduce.json"  # in a work folder: the configuration and code its run was started with
-REUSED = "reused.json"  # in a work folder: the stages its run took from another run folder (`pflkit.reuse`)
+REUSED = "reused.json"  # in a work folder: the stages its run took from another run folder (`pflkit.batch.reuse`)
 INVOCATIONS = "invocations.json"  # in a work folder: each invocation that ran its run, and on what hardware
 # runs whose stages' trained states a notebook reads (`keep_states`): FedSelect's Fig. 1 masks, pFedHN-PC's
 # mix-and-match (Fig. 3) and pFedHN's client embeddings (Fig. 4). Kept in the work folder only, so the notebook
 # reads them instead of training the same model again
 KEEP_STATES = ("fedselect_table1_*", "pfedhn_fig3_mixmatch", "pfedhn_fig4_embeddings")
-# parts of the package that a run does not execute (tables, figures, CLI, notebooks, Flower engine, this batch
-# and its stage reuse, the hypergradient check)
-NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "cli.py", "notebooks.py", "notebook_outputs.py",
-                "reproduce.py", "reuse.py", "restage.py", "behaviour.py", "neumann_check.py", "progress.py")
+# parts of the package that a run does not execute (tables, figures, the CLI, the notebooks, the Flower engine, and
+# this batch layer: the batch, its stage reuse, the behavioural fingerprints, the hypergradient check)
+NOT_RUN_CODE = ("report", "analysis", "flower", "catalog", "batch", "notebooks", "cli.py")
 DONE, SKIPPED, NOT_RUN, FAILED = "done", "skipped", "not run", "failed"
 
 
@@ -86,7 +85,7 @@ class Outcome:
 # ----------------------------------------------------------------------------- selection and versions
 
 def _paper_of(path: Path) -> str:
-    from pflkit.experiments import tomllib
+    from pflkit.run.experiments import tomllib
 
     try:
         with open(path, "rb") as f:
@@ -114,7 +113,7 @@ def _matches(name: str, pattern: str, names=()) -> bool:
 def select(paper: str | None = None, only: str | None = None, root: Path | None = None) -> dict[str, Path]:
     """The experiment files of the batch, by name: of ``paper`` (its folder or ``[experiment] paper``),
     whose names match ``only``. An empty selection is an error naming what exists."""
-    from pflkit.experiments import list_experiments
+    from pflkit.run.experiments import list_experiments
 
     found = list_experiments(root)
     chosen = {n: p for n, p in found.items()
@@ -175,7 +174,7 @@ def config_hash(cfg) -> str:
 
 def _up_to_date(stored: Path, cfg, code: dict | None, stages: Callable[[], dict] | None = None) -> tuple[bool, str]:
     """(skip?, why not): same configuration and, with ``code``, the same code version or, given ``stages``
-    (a function returning the stages' behavioural fingerprints, `pflkit.behaviour.stage_fingerprints`), the
+    (a function returning the stages' behavioural fingerprints, `pflkit.batch.behaviour.stage_fingerprints`), the
     same fingerprint of every stage; in the current compact format (an older format is rewritten from the
     kept run folder, which resumes at no cost). Why not names the stages whose behaviour changed."""
     if not stored.exists():
@@ -237,16 +236,16 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
             download: bool = False, reuse: bool = True, stages: dict | None = None) -> Outcome:
     """Run (or resume) one experiment into ``folder`` and write its compact result to ``compact``.
 
-    ``stages``: the stages' behavioural fingerprints (`pflkit.behaviour.stage_fingerprints`), recorded with
+    ``stages``: the stages' behavioural fingerprints (`pflkit.batch.behaviour.stage_fingerprints`), recorded with
     the result; a folder started by other code is resumed with only the stages whose fingerprint changed
     dropped (`_drop_stale_stages`), and a donor made by other code gives the stages whose fingerprint matches.
 
     ``reuse``: a run started afresh first takes the finished stages that another run folder of the
-    batch holds with the same settings, data and code (`pflkit.reuse`); the compact result names them.
+    batch holds with the same settings, data and code (`pflkit.batch.reuse`); the compact result names them.
     """
     from pflkit.data.base import DatasetNotFoundError
-    from pflkit.reuse import seed_from_donors
-    from pflkit.runner import RunMismatchError, run_experiment
+    from pflkit.batch.reuse import seed_from_donors
+    from pflkit.run.runner import RunMismatchError, run_experiment
 
     weights = _missing_weights(cfg)
     if weights:
@@ -307,7 +306,7 @@ def _drop_stale_stages(folder: Path, labels: list[str]) -> None:
     """Delete what the stages ``labels`` left in every seed folder of ``folder`` (record, report, weights,
     final states, checkpoint), so that resuming the run trains them again and keeps every other stage."""
     from pflkit.io import slug
-    from pflkit.reuse import stage_files
+    from pflkit.batch.reuse import stage_files
 
     for seed_dir in sorted(p for p in folder.glob("seed*") if p.is_dir()):
         for label in labels:
@@ -333,9 +332,9 @@ def _invocations(path: Path, resume: bool) -> dict:
 def _invocation(path: Path, calls: dict, cfg) -> Iterator[None]:
     """Record this invocation in ``calls`` (written to ``path`` before the run starts, so a killed process
     leaves its entry): when it started, the GPU's name or the CPU's vector instructions
-    (`pflkit.runner.device_info`), and, when it returns or raises, its wall seconds. A run resumed on other
+    (`pflkit.run.runner.device_info`), and, when it returns or raises, its wall seconds. A run resumed on other
     hardware then names every machine it ran on, not only the last one (``environment``)."""
-    from pflkit.runner import device_info
+    from pflkit.run.runner import device_info
 
     info = device_info(cfg)
     entry = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -359,7 +358,7 @@ def _drop_if_empty(folder: Path) -> None:
 # ----------------------------------------------------------------------------- notebooks
 
 def _notebook_jobs():
-    from pflkit.notebooks import find_notebooks, notebooks_dir
+    from pflkit.notebooks.session import find_notebooks, notebooks_dir
 
     root = notebooks_dir()
     return [(nb.relative_to(root).parent.as_posix(), nb.name) for nb in find_notebooks(root=root)]
@@ -374,7 +373,7 @@ def run_notebook(folder: str, name: str, preset: str, work: Path, parameters: di
     """
     import papermill as pm
 
-    from pflkit.notebooks import figures_root, notebooks_dir, run_notebooks
+    from pflkit.notebooks.session import figures_root, notebooks_dir, run_notebooks
 
     label = f"notebooks/{folder}/{name}"
     t0 = time.perf_counter()
@@ -423,7 +422,7 @@ def plan(preset: str, selection: dict[str, Path], results_dir, overrides, code: 
          cache: BehaviourCache | None = None):
     """(outcomes of the experiments that need no run: skipped or invalid, [(config, why) to run]); with
     ``cache``, a result made by other code is up to date when no stage's behaviour changed (`_up_to_date`)."""
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
 
     outcomes, todo = [], []
     for name, path in selection.items():
@@ -462,12 +461,11 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
         jobs: experiments (then notebooks) run at once, each in its own process with
             ``cores // jobs`` threads; results are the same as with one job (every run is seeded).
         reuse: an experiment started afresh takes the finished stages another run folder of ``work_dir``
-            holds with the same settings, data and code (`pflkit.reuse`) instead of training them again.
+            holds with the same settings, data and code (`pflkit.batch.reuse`) instead of training them again.
     """
     if int(jobs) < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    from pflkit.progress import tqdm
-
+    
     n_jobs = int(jobs)
     work = Path(work_dir or Path("runs") / "reproduce" / preset)
     status_file = Path(results_dir) / preset / STATUS_FILE
@@ -489,7 +487,7 @@ def reproduce(preset: str = "cpu", *, paper: str | None = None, only: str | None
                        + [_recorded(nb_record, j).get("seconds") for j in jobs])
     with locked_folder(work):
         _save_status(status_file, outcomes)
-        bar = tqdm(total=sum(weights), desc=f"reproduce ({preset})", disable=not progress or not weights,
+        bar = progress_bar(total=sum(weights), desc=f"reproduce ({preset})", disable=not progress or not weights,
                    bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} elapsed, ~{remaining} left{postfix}")
         steps, total, count = iter(weights), len(todo) + len(jobs), 0
         runs = [(partial(run_one, cfg, work / cfg.name, compact_path(results_dir, preset, cfg.name), code=code,
@@ -581,7 +579,7 @@ def _matrix_outputs(selection: dict[str, Path], preset: str, results_dir, work: 
 
     if not any(p.parent.name == PAPER for p in selection.values()):
         return []
-    from pflkit.notebooks import figures_root
+    from pflkit.notebooks.session import figures_root
 
     import pflkit.report.matrix as matrix_module
 
@@ -630,7 +628,7 @@ def _notebook_plan(selection: dict[str, Path], preset: str, results_dir, code: d
     jobs = [j for j in _safe_notebook_jobs(outcomes) if j[0] in folders]
     rerun_folders = {selection[n].parent.name for n in rerun}
 
-    from pflkit.experiments import list_experiments
+    from pflkit.run.experiments import list_experiments
 
     catalog = list_experiments(root)
 
@@ -653,7 +651,7 @@ def _unchanged_after_runs(jobs: list[tuple[str, str]], done: dict, key) -> list[
 def _notebook_key(folder: str, name: str, preset: str, code: dict | None, compacts: list[Path]) -> str:
     """What a notebook's output depends on: its own text, the preset, the code version and the results
     (fingerprints) of its paper's experiments in the batch; an unchanged key makes it "skipped"."""
-    from pflkit.notebooks import notebooks_dir
+    from pflkit.notebooks.session import notebooks_dir
 
     h = hashlib.sha256((notebooks_dir() / folder / name).read_bytes())
     fps = [read_json(c).get("fingerprint") if c.exists() else None for c in compacts]

@@ -11,9 +11,9 @@ fresh run).
 
 `seed_from_donors` copies the finished stages of matching keys from other run folders of the batch's
 work folder into a fresh one, with a ``run.json`` that the runner accepts only if the data it reads
-now are the donor's (`pflkit.runner.prepare_folder` compares the fingerprint; on a mismatch the
+now are the donor's (`pflkit.run.runner.prepare_folder` compares the fingerprint; on a mismatch the
 batch starts the run over with nothing reused). A donor must have been made by the same code
-version, or its stage must have the same behavioural fingerprint (`pflkit.behaviour`). The compact result names every reused stage and its donor (``reused``).
+version, or its stage must have the same behavioural fingerprint (`pflkit.batch.behaviour`). The compact result names every reused stage and its donor (``reused``).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pflkit.algorithms import get_algorithm
 from pflkit.io import read_json, slug, write_json
-from pflkit.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
+from pflkit.run.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
 
 __all__ = ["stage_keys", "stage_upstreams", "stage_files", "seed_from_donors", "fingerprinted_config"]
 
@@ -44,7 +44,7 @@ def stage_upstreams(config: dict) -> dict[str, str | None]:
 
 
 def stage_keys(fp: dict) -> dict[str, str]:
-    """``{stage label: key}`` for a run fingerprint (`pflkit.runner.fingerprint`): the pretraining stage
+    """``{stage label: key}`` for a run fingerprint (`pflkit.run.runner.fingerprint`): the pretraining stage
     and every method, keyed by the data (settings and files), the model, the stage's own settings less
     its label, and the key of the stage it starts from."""
     config = fp["config"]
@@ -79,7 +79,7 @@ def _finished(seed_dir: Path, label: str, keep_states: bool) -> bool:
 
 
 def fingerprinted_config(cfg) -> dict:
-    """The resolved configuration's dict less `pflkit.runner.NOT_FINGERPRINTED`, as JSON holds it (what a run
+    """The resolved configuration's dict less `pflkit.run.runner.NOT_FINGERPRINTED`, as JSON holds it (what a run
     fingerprint stores, and what `stage_keys` / `stage_upstreams` read)."""
     return json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}, default=str))
 
@@ -93,7 +93,7 @@ def target_fingerprint(cfg, donor_fp: dict) -> dict:
 def _donors(work: Path, folder: Path, code, marker_name: str) -> list[tuple[str, dict, Path, dict | None]]:
     """(experiment, run fingerprint, folder, its stages' behavioural fingerprints) of every other run folder in
     ``work`` whose batch record (``marker_name``) says it was made by ``code`` (fingerprints None: every stage
-    counts) or holds the fingerprints of its stages (`pflkit.behaviour`: a stage counts when its own matches)."""
+    counts) or holds the fingerprints of its stages (`pflkit.batch.behaviour`: a stage counts when its own matches)."""
     out = []
     for other in sorted(p for p in work.iterdir() if p.is_dir() and p != folder) if work.is_dir() else []:
         try:
@@ -112,7 +112,7 @@ def _donors(work: Path, folder: Path, code, marker_name: str) -> list[tuple[str,
 def _matches(cfg, donor_fp: dict, donor: Path, keep_states: bool, donor_stages: dict | None = None,
              stages: dict | None = None) -> tuple[dict, dict[str, dict]]:
     """(``cfg``'s fingerprint with the donor's data, ``{label: {"label": donor's label, "seeds": [...]}}``);
-    with ``donor_stages``, only the stages whose behavioural fingerprint is ``stages``' (`pflkit.behaviour`)."""
+    with ``donor_stages``, only the stages whose behavioural fingerprint is ``stages``' (`pflkit.batch.behaviour`)."""
     fp = target_fingerprint(cfg, donor_fp)
     by_key = {key: label for label, key in stage_keys(donor_fp).items()}
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
@@ -141,9 +141,9 @@ def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool 
 
     The donor's data record goes into ``folder``'s ``run.json`` together with ``cfg``'s settings, so the
     runner resumes the folder only when it reads the same data files. ``marker``: the file name of the
-    batch's record of each folder's configuration and code (`pflkit.reproduce.MARKER`). ``keep_states``:
-    a stage is taken only with its final states (the notebooks of `pflkit.reproduce.KEEP_STATES` read them).
-    ``stages``: ``cfg``'s behavioural stage fingerprints (`pflkit.behaviour.stage_fingerprints`); a donor made
+    batch's record of each folder's configuration and code (`pflkit.batch.reproduce.MARKER`). ``keep_states``:
+    a stage is taken only with its final states (the notebooks of `pflkit.batch.reproduce.KEEP_STATES` read them).
+    ``stages``: ``cfg``'s behavioural stage fingerprints (`pflkit.batch.behaviour.stage_fingerprints`); a donor made
     by other code gives the stages whose fingerprint it recorded equal to these.
     """
     found = [(name, donor, *_matches(cfg, donor_fp, donor, keep_states, donor_stages, stages))

@@ -8,7 +8,7 @@ federation, and returns its `StageResult`. The analyses of `pflkit.analysis` the
 returns, without training anything themselves.
 
 The runner itself trains a method on part of the federation when the experiment file says so
-(`pflkit.experiments.MethodStage`: ``clients``, ``model``, ``start_from``): `pflkit.runner.method_setting`
+(`pflkit.run.experiments.MethodStage`: ``clients``, ``model``, ``start_from``): `pflkit.run.runner.method_setting`
 gives the federation and the experiment that method sees.
 
 Without any experiment file: `env_for_model` makes the run context (`Env`) from a model factory
@@ -25,12 +25,12 @@ import torch
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms import pfedhn
 from pflkit.config import ConfigError, one_of
-from pflkit.experiments import check_device, check_kernels
+from pflkit.run.experiments import check_device, check_kernels
 from pflkit.fl.algorithm import Algorithm, Env
 from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, run_rounds
-from pflkit.runner import initial_model, model_factory, resolve_device
+from pflkit.run.runner import initial_model, model_factory, resolve_device
 
 
 def method_config(exp, label: str, **changes):

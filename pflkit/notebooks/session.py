@@ -59,8 +59,8 @@ def budget_standin(cfg, model: str = BUDGET_STANDIN[0], option: str = BUDGET_STA
 
 def resolve_device(device: str = "auto") -> str:
     """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; an unavailable device is an error."""
-    from pflkit.experiments import check_device
-    from pflkit.runner import resolve_device as resolve
+    from pflkit.run.experiments import check_device
+    from pflkit.run.runner import resolve_device as resolve
 
     check_device(device)
     return str(resolve(device))
@@ -92,7 +92,7 @@ class Session:
 
         ``overrides`` are ``key=value`` strings as for ``--set``; they are applied after the stand-in's.
         """
-        from pflkit.experiments import resolve
+        from pflkit.run.experiments import resolve
 
         base = [f"seed={self.seed}", f"device={self.device}"]
         cfg = resolve(name, self.preset, [*base, *overrides])
@@ -125,12 +125,12 @@ class Session:
 
     def rows(self, prefix: str) -> list[str]:
         """The experiments whose names start with ``prefix``: the committed ones in results mode, else the
-        catalog's (`pflkit.experiments.list_experiments`), sorted."""
+        catalog's (`pflkit.run.experiments.list_experiments`), sorted."""
         if self.source == "results":
             from pflkit.report.committed import results_dir
 
             return sorted(p.stem for p in results_dir(self.preset, self.results_dir).glob(f"{prefix}*.json"))
-        from pflkit.experiments import list_experiments
+        from pflkit.run.experiments import list_experiments
 
         return sorted(n for n in list_experiments() if n.startswith(prefix))
 
@@ -179,7 +179,7 @@ class Session:
         if folder != self.out / name:
             print(f"{name}: results read from {folder}")
             return read_json(folder / "results.json")
-        from pflkit.runner import RunMismatchError, run_experiment
+        from pflkit.run.runner import RunMismatchError, run_experiment
 
         # re-executing a cell continues (or reuses) the run in `folder`; other settings start it over
         cfg, kwargs = self.resolve(name, *overrides), dict(data_root=self.data_root, download=self.download,
@@ -194,14 +194,14 @@ class Session:
     def trained(self, exp, label: str, fed, env, dataset, results_root: str | os.PathLike | None = None):
         """Method ``label`` of the resolved experiment ``exp`` trained on its whole federation ``fed``.
 
-        Read back (`pflkit.runner.load_stage`) from the run of ``exp`` under ``results_root`` when that run
+        Read back (`pflkit.run.runner.load_stage`) from the run of ``exp`` under ``results_root`` when that run
         was made with the same settings and data (its fingerprint, of ``dataset`` read) and kept the
         stage's final states, as `pflkit reproduce` does for the figures that need them (``KEEP_STATES``);
-        else trained here (`pflkit.stages.train_method`, with ``env``). Returns a `StageResult`.
+        else trained here (`pflkit.run.stages.train_method`, with ``env``). Returns a `StageResult`.
         """
         from pflkit.io import read_json
-        from pflkit.runner import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
-        from pflkit.stages import train_method
+        from pflkit.run.runner import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
+        from pflkit.run.stages import train_method
 
         folder = self.run_dir(exp.name, results_root)
         if (folder != self.out / exp.name and final_states_path(folder, label, self.seed).exists()
@@ -289,7 +289,7 @@ def _preset_of(path: Path) -> str | None:
 
 def _datasets(results_or_cfg) -> tuple[str, str]:
     """(dataset used, dataset the experiment file names) of a results dict or an ExperimentConfig."""
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
 
     if isinstance(results_or_cfg, dict):
         config = results_or_cfg.get("config", results_or_cfg)

@@ -1,9 +1,9 @@
 """Rerun chosen stages of committed results and keep every other stage (`pflkit reproduce --stages`).
 
 A change that moves one algorithm's numbers (say FT (BN C)'s start, `pflkit.algorithms.finetune`) stales
-only that algorithm's stages (`pflkit.behaviour`), but a compact result keeps no weights, so a stage that
+only that algorithm's stages (`pflkit.batch.behaviour`), but a compact result keeps no weights, so a stage that
 starts from the pretrained model cannot be trained again alone. `restage_one` trains the stage together
-with the stages it starts from (its upstream chain, `pflkit.reuse.stage_upstreams`) in a work folder, and
+with the stages it starts from (its upstream chain, `pflkit.batch.reuse.stage_upstreams`) in a work folder, and
 splices the new stage into the committed result only when every upstream stage it trained again gives the
 committed record back exactly: the same per-client accuracies and the same per-round history. Then the
 new stage started from the very model the committed row's other stages started from, and nothing in the
@@ -14,7 +14,7 @@ round differently, and training amplifies it) leaves the committed result untouc
 so: that row must be rerun whole. A row the result says was made with AVX2 is rerun, on a CPU with AVX512,
 in worker processes started on torch's, oneDNN's and MKL's AVX2 code paths (`AVX2_PATHS`); the check then
 confirms or refutes that this gave the row's arithmetic back. The batch process itself keeps the native
-paths: the stages' behavioural fingerprints (`pflkit.behaviour`) are micro-runs on this machine's own.
+paths: the stages' behavioural fingerprints (`pflkit.batch.behaviour`) are micro-runs on this machine's own.
 
 The result records what was done in ``restaged``: the stages, the upstream stages verified, the hardware
 and the seconds, shown in REPRODUCTION.md beside the row.
@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from pflkit.behaviour import untimed
+from pflkit.batch.behaviour import untimed
 from pflkit.io import read_json, write_json
 
 __all__ = ["stage_chain", "restage_one", "restage", "upstream_mismatch", "splice", "worker_paths",
@@ -63,7 +63,7 @@ def _same(a, b) -> bool:
 
 def upstream_mismatch(committed: dict, new: dict, upstream: list[str]) -> str:
     """"" when every stage of ``upstream`` has the same per-client accuracies and per-round history in the
-    compact results ``committed`` and ``new`` (the history less its timings, `pflkit.behaviour.untimed`); else
+    compact results ``committed`` and ``new`` (the history less its timings, `pflkit.batch.behaviour.untimed`); else
     what differs first (``"Global: 9.00 -> 12.67"``)."""
     for label in upstream:
         old_m, new_m = committed["methods"][label], new["methods"][label]
@@ -79,7 +79,7 @@ def splice(committed: dict, new: dict, labels: list[str], upstream: list[str], *
            stages: dict | None, seconds: float) -> dict:
     """``committed`` with the stages ``labels`` taken from the compact result ``new`` (method entry, history,
     analysis, engine), its fingerprint brought to ``code`` / ``stages`` and a ``restaged`` record added."""
-    from pflkit.runner import worst_status
+    from pflkit.run.runner import worst_status
 
     out = json.loads(json.dumps(committed))
     for label in labels:
@@ -128,15 +128,15 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
                 data_root=None, download: bool = False):
     """Train the stages ``labels`` of experiment ``cfg`` again with their upstream chain in ``folder`` and
     splice them into the compact result ``compact`` when the chain reproduces it (module docstring).
-    Returns a `pflkit.reproduce.Outcome`; the committed result is written only when it is ``done`` (a run that
+    Returns a `pflkit.batch.reproduce.Outcome`; the committed result is written only when it is ``done`` (a run that
     raises comes back as ``failed`` with the error, or ``not run`` when its data are missing)."""
     import torch
 
     from pflkit.data.base import DatasetNotFoundError
-    from pflkit.reproduce import DONE, FAILED, MARKER, NOT_RUN, SKIPPED, Outcome, _one_line, config_hash
+    from pflkit.batch.reproduce import DONE, FAILED, MARKER, NOT_RUN, SKIPPED, Outcome, _one_line, config_hash
     from pflkit.report.compact import compact_result, config_digest
-    from pflkit.reuse import fingerprinted_config, stage_upstreams
-    from pflkit.runner import RunMismatchError, holds_a_run, run_experiment
+    from pflkit.batch.reuse import fingerprinted_config, stage_upstreams
+    from pflkit.run.runner import RunMismatchError, holds_a_run, run_experiment
 
     if not compact.exists():
         return Outcome(cfg.name, NOT_RUN, "no committed result to rerun stages of")
@@ -197,9 +197,9 @@ def restage(labels, preset: str = "cpu", *, paper: str | None = None, only: str 
 
     import torch
 
-    from pflkit.behaviour import BehaviourCache, stage_fingerprints
-    from pflkit.experiments import resolve
-    from pflkit.reproduce import FAILED, SKIPPED, Outcome, code_version, select
+    from pflkit.batch.behaviour import BehaviourCache, stage_fingerprints
+    from pflkit.run.experiments import resolve
+    from pflkit.batch.reproduce import FAILED, SKIPPED, Outcome, code_version, select
     from pflkit.report.compact import compact_path
 
     labels = [str(label) for label in labels]
@@ -255,7 +255,7 @@ def _run_group(paths: tuple, calls, jobs: int):
     has one intra-op thread, as the batch's workers on a machine with as many cores as jobs and the behavioural
     micro-runs: a reduction split over more threads rounds differently (an evaluation loss then differs in its
     last digit, and the upstream check fails on it)."""
-    from pflkit.reproduce import _in_turn
+    from pflkit.batch.reproduce import _in_turn
 
     with _environment(dict(paths)):  # the workers start on these code paths, this process keeps its own
         return list(_in_turn(calls, jobs, processes=True, ordered=True, threads=1, in_process=False))
@@ -264,7 +264,7 @@ def _run_group(paths: tuple, calls, jobs: int):
 def retry_on_avx2(outcome, unrecorded: bool, native: str) -> bool:
     """Whether a row rerun on this CPU's own code paths gets one more try on the AVX2 paths: its upstream did
     not reproduce, the result does not say what it was made on (``unrecorded``) and this CPU has AVX512."""
-    from pflkit.reproduce import FAILED
+    from pflkit.batch.reproduce import FAILED
 
     return unrecorded and native.startswith("AVX512") and outcome.status == FAILED and UNREPRODUCED in outcome.reason
 

@@ -48,7 +48,7 @@ from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
 from pflkit.data.datasets import DATASETS, check_dataset, dataset_digest, dataset_options, is_user_dataset, load_dataset
 from pflkit.data.provenance import weights_record
-from pflkit.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
+from pflkit.run.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.algorithm import Env
 from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation, federation_for
@@ -56,7 +56,7 @@ from pflkit.fl.loop import StageResult, nonfinite_paths, run_rounds
 from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, slug, write_json
 from pflkit.models import build_model
-from pflkit.pretraining import (carry_weights, check_imagenet_weights, check_pretrain_fits, client_data,
+from pflkit.run.pretraining import (carry_weights, check_imagenet_weights, check_pretrain_fits, client_data,
                                 load_pretrain_data, load_start_weights, pretrain_provenance)
 
 log = logging.getLogger(__name__)

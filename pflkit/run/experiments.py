@@ -648,7 +648,7 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 def check_device(device: str) -> None:
     """A device name pflkit accepts: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
 
-    ``auto`` means CUDA when available, else the CPU (`pflkit.runner.resolve_device`). A CUDA or
+    ``auto`` means CUDA when available, else the CPU (`pflkit.run.runner.resolve_device`). A CUDA or
     MPS device the machine does not have is an error here, before any data is loaded.
     """
     require(bool(DEVICE_PATTERN.match(device)), "device", device, "must be auto, cpu, cuda, cuda:N or mps")
