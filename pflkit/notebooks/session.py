@@ -407,7 +407,7 @@ def repository_url(pyproject: str | os.PathLike | None = None) -> str:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
-    path = Path(pyproject) if pyproject else Path(__file__).resolve().parent.parent / "pyproject.toml"
+    path = Path(pyproject) if pyproject else Path(__file__).resolve().parents[2] / "pyproject.toml"
     return tomllib.loads(path.read_text())["project"]["urls"]["Repository"].rstrip("/")
 
 
@@ -471,7 +471,7 @@ def sync_install_cells(root: Path | None = None, repo_url: str | None = None) ->
 # ----------------------------------------------------------------------------- batch execution
 
 def notebooks_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent / "notebooks"
+    here = Path(__file__).resolve().parents[2] / "notebooks"
     if not here.is_dir():
         raise FileNotFoundError(f"no notebooks folder at {here}; run from a clone of the repository")
     return here
