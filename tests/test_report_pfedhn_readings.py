@@ -3,7 +3,7 @@ small hand-made inputs whose answer is known."""
 import numpy as np
 import pandas as pd
 
-from pflkit.report import pfedhn as report
+from pflkit.report.pfedhn import figures as report
 
 
 def _res(name, n, methods):

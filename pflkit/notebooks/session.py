@@ -247,13 +247,13 @@ class Session:
         return self.figures / name
 
     def checked_claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
-        """The paper's claims (`pflkit.report.claims.check_all`) checked on ``names``' results: in results mode
+        """The paper's claims (`pflkit.report.papers.claims_of`) checked on ``names``' results: in results mode
         the committed ones, else the runs `run` made or read (``made``: ``{experiment: (results, run folder or
         None)}`` for results made otherwise). An experiment without results is "not run". A list of
         `ClaimResult` (verdict, paper's value, ours, why), which `pflkit.report.readings.takeaways` reads."""
         from pflkit.io import read_json
-        from pflkit.report.claims import check_all
         from pflkit.report.compact import analysis
+        from pflkit.report.papers import claims_of
 
         if self.source == "results":
             found = {name: self.committed(name) for name in names}
@@ -263,7 +263,7 @@ class Session:
             runs.update(made or {})
             found = {name: {**res, "analysis": analysis(Path(folder), res) if folder else {}}
                      for name, (res, folder) in runs.items()}
-        return [c for c in check_all(found) if c.paper == paper]
+        return claims_of(found, paper)
 
     def claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
         """`checked_claims` as a table, and the paragraph that says what they mean (`claims.conclusion`),

@@ -111,7 +111,7 @@ def committed_figure(name: str, results_dir: str | os.PathLike | None = None, fo
     """The committed ``figures/<folder>/<name>`` of the checkout whose ``results/`` is ``results_dir``
     (``results/<preset>``), else of the checkout pflkit runs from; None when there is none."""
     roots = [Path(results_dir).resolve().parents[1]] if results_dir else []
-    roots.append(Path(__file__).resolve().parents[2])
+    roots.append(Path(__file__).resolve().parents[3])  # the checkout: above pflkit/report/pfedhn/
     for root in roots:
         path = root / "figures" / folder / name
         if path.is_file():
