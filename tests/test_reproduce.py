@@ -603,7 +603,8 @@ def test_cli_passes_the_selection_prints_the_summary_and_fails_on_a_failure(monk
 def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
     import papermill
 
-    import pflkit.notebooks.session as nbs
+    import pflkit.notebooks.execute as nbs
+    from pflkit.notebooks.session import figures_root
 
     calls = []
     monkeypatch.setattr(papermill, "inspect_notebook", lambda path: {"preset": {}, "results_root": {}})
@@ -619,7 +620,7 @@ def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
     assert (preset, folder, sent) == ("smoke", "fedl2p", {"results_root": "/r"})
     assert kw == {"only_names": ["02_label_shift.ipynb"], "figures_dir": None}  # smoke: not the repo's figures/
     run_notebook_cpu = rp.run_notebook("fedl2p", "02_label_shift.ipynb", "cpu", tmp_path, params)
-    assert run_notebook_cpu.status == "done" and calls[1][1]["figures_dir"] == nbs.figures_root()
+    assert run_notebook_cpu.status == "done" and calls[1][1]["figures_dir"] == figures_root()
 
     class CellError(Exception):  # what papermill raises: the failing cell's exception name and value
         ename, evalue = "DatasetNotFoundError", "dataset 'sun397' was not found under /data"
