@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pflkit.io import write_json
-from pflkit.report.pfedhn.figures import budget_rows, budget_table, group_names
+from pflkit.report.pfedhn.tables import budget_rows, budget_table, group_names
 from pflkit.report.pfedvem.figures import table1, trust_frame
 
 

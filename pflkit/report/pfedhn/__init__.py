@@ -1,5 +1,6 @@
 """pFedHN (Shamsian et al., ICML 2021) in the report: its title, the runs whose trained states its notebooks
-read, and its claims in the order the report lists them (`claims`). Its tables and figures: `figures`."""
+read, and its claims in the order the report lists them (`claims`). Its tables: `tables`; its figures:
+`figures`."""
 from pflkit.report.pfedhn.claims import pfedhn_beats_baselines_n50, pfedhn_pc_matches
 
 TITLE = "pFedHN: Personalized Federated Learning using Hypernetworks (Shamsian et al., ICML 2021)"
