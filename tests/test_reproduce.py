@@ -119,7 +119,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
     entry) with the hardware it ran on; the compact result keeps them all, so a run resumed on another
     machine names both, not only the last one's ``environment``."""
     import pflkit.run.runner as runner
-    from pflkit.report.reproduction import hardware
+    from pflkit.report.timing import hardware
 
     real_info, real_run = runner.device_info, runner.run_experiment
     seen = []
