@@ -135,7 +135,8 @@ def default_out(cfg, overrides: list[str]) -> Path:
 
 
 def _cmd_notebooks(args) -> int:
-    from pflkit.notebooks.session import figures_root, find_notebooks, run_notebooks
+    from pflkit.notebooks.execute import find_notebooks, run_notebooks
+    from pflkit.notebooks.session import figures_root
 
     if args.commit:
         return _commit_notebooks(find_notebooks(args.only), figures_root() if args.figures else None)
@@ -187,7 +188,8 @@ def _cmd_reproduce(args) -> int:
             print(f"{readme}: {len(changed)} generated block(s) (results tables, claims) regenerated"
                   + "".join(f"\n  {c}" for c in changed))
         if readme == "README.md" and not args.no_notebooks:  # the repository's notebooks show its results too
-            from pflkit.notebooks.session import figures_root, find_notebooks
+            from pflkit.notebooks.execute import find_notebooks
+            from pflkit.notebooks.session import figures_root
 
             return _commit_notebooks(find_notebooks(), figures_root())
         return 0

@@ -88,7 +88,7 @@ def test_by_domain_figure_titles_carry_the_spread():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pflkit.report.fedl2p import plot_hyperparameters_by_domain
+    from pflkit.report.fedl2p.figures import plot_hyperparameters_by_domain
 
     dom = [0, 0, 1, 1]
     rows = [{"client": i, "xi": [0.1 * d], "beta": {"bn1": 0.2 + 0.4 * d}, "features": [float(d)],

@@ -218,7 +218,8 @@ def test_the_flower_engine_refuses_grouped_methods(tmp_path):
 
 
 def test_the_budget_standin_carries_widths_to_mlp_hidden_units(tmp_path):
-    from pflkit.notebooks.session import budget_standin, setup
+    from pflkit.notebooks.session import setup
+    from pflkit.notebooks.standins import budget_standin
 
     assert budget_standin(resolve("pfedhn_table1_c10_n50", "smoke")) == []
     s = setup("smoke", str(tmp_path), standin=True, threads=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pflkit.notebooks.outputs import compare, dumps, execute_results_mode, has_results_mode, problems, with_outputs
-from pflkit.notebooks.session import find_notebooks
+from pflkit.notebooks.execute import find_notebooks
 from tests.test_notebooks import with_data
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pflkit.notebooks.session import find_notebooks, install_cell_source, repository_url, run_notebooks
+from pflkit.notebooks.execute import find_notebooks, run_notebooks
+from pflkit.notebooks.install import install_cell_source, repository_url
 
 NOTEBOOKS = find_notebooks()
 # every notebook's parameters cell takes these (`pflkit.notebooks.session.setup`'s arguments)
@@ -211,7 +212,7 @@ def test_install_cell_completes_an_interrupted_install(tmp_path):
 
 
 def test_install_cell_is_collapsed_in_jupyter_and_a_form_in_colab():
-    from pflkit.notebooks.session import INSTALL_METADATA
+    from pflkit.notebooks.install import INSTALL_METADATA
 
     for nb in NOTEBOOKS:
         cell = next(c for c in _cells(nb) if "install" in c.get("metadata", {}).get("tags", []))

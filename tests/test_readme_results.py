@@ -55,7 +55,7 @@ def test_render_cells_by_hand():
 
 
 def test_the_report_gives_a_resumed_runs_time_over_all_its_stages():
-    from pflkit.report.reproduction import run_time
+    from pflkit.report.timing import run_time
 
     assert run_time({"timing": {"wall_seconds": 1087.2, "total_seconds": 4462.6}}) == \
         "74.4 min over its stages (resumed; the last invocation 18.1 min)"
@@ -72,7 +72,7 @@ def test_the_report_gives_a_resumed_runs_time_over_all_its_stages():
 
 
 def test_the_batch_time_counts_each_runs_own_time_once():
-    from pflkit.report.reproduction import batch_time, own_seconds
+    from pflkit.report.timing import batch_time, own_seconds
 
     resumed = {"experiment": "a", "timing": {"wall_seconds": 600.0, "total_seconds": 4500.0}}
     reusing = {"experiment": "b", "timing": {"wall_seconds": 1800.0, "total_seconds": 9000.0},
@@ -91,7 +91,8 @@ def test_the_batch_time_counts_each_runs_own_time_once():
 
 
 def test_hardware_names_the_gpu_else_the_cpus_instruction_set_and_counts_a_mix():
-    from pflkit.report.reproduction import _row_note, hardware, hardware_mix
+    from pflkit.report.reproduction import _row_note
+    from pflkit.report.timing import hardware, hardware_mix
 
     gpu = {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "cpu_capability": "AVX512"}}
     avx2 = {"environment": {"gpu": None, "cpu_capability": "AVX2"}}

@@ -7,8 +7,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pflkit.report.fedl2p import plot_distance_map  # noqa: E402
-from pflkit.report.fedl2p_learned import (  # noqa: E402
+from pflkit.report.fedl2p.figures import plot_distance_map  # noqa: E402
+from pflkit.report.fedl2p.learned import (  # noqa: E402
     ari_frame, drawable, learned, learned_reading, learned_statements, paper_label, plot_beta_by_domain,
     plot_learned, plot_sparsity_scenarios,
 )
@@ -89,7 +89,7 @@ def test_ari_frame_and_paper_label():
 
 
 def test_by_domain_states_flat_beta_and_eta_instead_of_collapsed_boxes():
-    from pflkit.report.fedl2p import plot_hyperparameters_by_domain
+    from pflkit.report.fedl2p.figures import plot_hyperparameters_by_domain
 
     dom = [0, 0, 1, 1]
     rows = [{"client": i, "beta": {"bn1": 0.0296 + 1e-6 * i, "bn2": 0.5}, "eta": {"w": 0.01 * (1 + 1e-5 * i)},

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pflkit.report.fedselect import (accuracy_vs_p_reading, layer_mask_reading, mask_frame, mask_reading,
+from pflkit.report.fedselect.figures import (accuracy_vs_p_reading, layer_mask_reading, mask_frame, mask_reading,
                                      personal_share, table1_frame, table1_reading)
-from pflkit.report.pfedvem import trust_from_analysis, trust_reading, trust_takeaway, trust_terms
+from pflkit.report.pfedvem.figures import trust_from_analysis, trust_reading, trust_takeaway, trust_terms
 
 
 def _m(acc, published=None, mb=1.0, status="ok"):
@@ -84,7 +84,7 @@ def test_trust_reading_says_which_term_decides_from_the_numbers():
 
 
 def test_fig1_is_drawn_from_a_stored_head_iou_matrix_and_absent_without_one():
-    from pflkit.report.fedselect import HEAD_IOU, HEAD_SHARE, plot_fig1, stored_head_iou
+    from pflkit.report.fedselect.figures import HEAD_IOU, HEAD_SHARE, plot_fig1, stored_head_iou
 
     res = fedselect_results()
     assert stored_head_iou(res) == (None, None)  # the committed results of today store no matrix

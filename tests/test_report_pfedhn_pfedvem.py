@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from pflkit.io import write_json
-from pflkit.report.pfedhn import budget_rows, budget_table, group_names
-from pflkit.report.pfedvem import table1, trust_frame
+from pflkit.report.pfedhn.tables import budget_rows, budget_table, group_names
+from pflkit.report.pfedvem.figures import table1, trust_frame
 
 
 def _entry(per_client, status="ok"):

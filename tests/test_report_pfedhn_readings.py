@@ -3,7 +3,8 @@ small hand-made inputs whose answer is known."""
 import numpy as np
 import pandas as pd
 
-from pflkit.report import pfedhn as report
+from pflkit.report.pfedhn import figures as report
+from pflkit.report.pfedhn import tables
 
 
 def _res(name, n, methods):
@@ -15,7 +16,7 @@ def _res(name, n, methods):
 
 def test_accuracy_table_gives_no_number_to_a_method_that_did_not_finish():
     res = _res("t", 10, {"pFedHN": (80.0, "ok", 90.0), "FedAvg": (12.0, "diverged", 50.0)})
-    table = report.accuracy_table({"t": res})
+    table = tables.accuracy_table({"t": res})
     assert table.loc["pFedHN", ("CIFAR-10, 10 clients", "ours")] == 80.0
     assert np.isnan(table.loc["FedAvg", ("CIFAR-10, 10 clients", "ours")])
     assert table.loc["FedAvg", ("CIFAR-10, 10 clients", "paper")] == 50.0
@@ -24,10 +25,10 @@ def test_accuracy_table_gives_no_number_to_a_method_that_did_not_finish():
 
 def test_table1_reading_ranks_the_method_and_signs_its_gap_to_the_paper():
     res = _res("t", 50, {"pFedHN": (70.0, "ok", 88.0), "FedPer": (84.0, "ok", 83.0), "Local": (75.0, "ok", 68.0)})
-    text = report.table1_reading({"t": res})
+    text = tables.table1_reading({"t": res})
     assert "rank 3 of 3" in text and "best here FedPer (84.0%)" in text and "18.0 points below" in text
     res["methods"]["pFedHN"]["acc_mean"] = 90.0
-    assert "2.0 points above" in report.table1_reading({"t": res})
+    assert "2.0 points above" in tables.table1_reading({"t": res})
 
 
 def test_mix_and_match_reading_counts_the_rows_whose_diagonal_is_best():
@@ -58,7 +59,7 @@ def test_committed_figure_is_found_beside_the_results_and_none_when_missing(tmp_
 
 def test_paper_label_says_the_paper_used_the_full_dataset_when_we_read_a_subset():
     res = _res("t", 10, {})
-    assert report.paper_label(res) == "paper (full dataset)"
+    assert tables.paper_label(res) == "paper (full dataset)"
     res["data"]["source"] = "cifar10.npz"
-    assert report.paper_label(res) == "paper"
-    assert report.paper_label(res, "paper (on CIFAR-10)") == "paper (on CIFAR-10)"
+    assert tables.paper_label(res) == "paper"
+    assert tables.paper_label(res, "paper (on CIFAR-10)") == "paper (on CIFAR-10)"

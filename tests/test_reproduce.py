@@ -17,6 +17,12 @@ from pflkit.cli import main
 from pflkit.run.experiments import resolve
 from pflkit.report import claims as cl
 from pflkit.report import compact as cp
+from pflkit.report.fedl2p.claims import (fedl2p_beta_by_shift, fedl2p_beta_per_client, fedl2p_ift_matches_fomaml,
+                                         fedl2p_lrnet_input_ari, fedl2p_matches_best_ft)
+from pflkit.report.fedselect.claims import fedselect_beats_fedavg_lg
+from pflkit.report.papers import CLAIMS, check_all
+from pflkit.report.pfedhn.claims import pfedhn_beats_baselines_n50, pfedhn_pc_matches
+from pflkit.report.pfedvem.claims import pfedvem_best_under_drift
 from pflkit.report.reproduction import build_report, out_of_date
 from pflkit.fl.engines import nbytes
 from pflkit.fl.loop import check_finite
@@ -113,7 +119,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
     entry) with the hardware it ran on; the compact result keeps them all, so a run resumed on another
     machine names both, not only the last one's ``environment``."""
     import pflkit.run.runner as runner
-    from pflkit.report.reproduction import hardware
+    from pflkit.report.timing import hardware
 
     real_info, real_run = runner.device_info, runner.run_experiment
     seen = []
@@ -286,7 +292,7 @@ def test_claim_fedl2p_beta(label_beta, feature_beta, verdict):
     res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=feature_beta)}
     if label_beta is not None:
         res["fedl2p_table2_a0p1_e5"] = fedl2p_row(70, 60, 65, beta=label_beta)
-    c = cl.fedl2p_beta_by_shift(res)
+    c = fedl2p_beta_by_shift(res)
     assert c.verdict == verdict, c
     if verdict != "not run":
         assert f"{label_beta:.2f}" in c.ours and f"{feature_beta:.2f}" in c.ours
@@ -298,7 +304,7 @@ def test_claim_fedl2p_beta_names_the_bn_premise(ft_c, ft_g, explained):
     res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, ft_c, ft_g, dataset="cifar10c", beta=0.05),
            "fedl2p_table3_digits_a0p5": fedl2p_row(70, ft_c + 2, ft_g, dataset="digit_domains", beta=0.05),
            "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
-    c = cl.fedl2p_beta_by_shift(res)
+    c = fedl2p_beta_by_shift(res)
     assert c.verdict == "fails"
     assert ("FT (BN G) beats FT (BN C) (65.00 vs 61.00, mean of 2)" in c.reason) == explained, c.reason
 
@@ -312,7 +318,7 @@ def test_claim_fedl2p_beta_splits_feature_shift_by_dataset(cifar_beta, split):
            "fedl2p_table3_digits_a1p0": fedl2p_row(70, 30, 44, dataset="digit_domains", beta=0.10),
            "fedl2p_table3_digits_a1000": fedl2p_row(70, 20, 30, dataset="digit_domains", beta=0.0),
            "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
-    c = cl.fedl2p_beta_by_shift(res)
+    c = fedl2p_beta_by_shift(res)
     assert c.verdict == "fails"
     pooled = (cifar_beta + 0.15) / 4
     assert f"{pooled:.2f} (feature shift, 4 runs: CIFAR-10-C {cifar_beta:.2f} in 1, MNIST / MNIST-M / USPS 0.05 in 3)" \
@@ -333,7 +339,7 @@ def test_claim_fedl2p_beta_counts_a_repeated_run_once(repeat_beta, counted):
            "fedl2p_table5_cifar10c_a0p1": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=repeat_beta),
            "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
     res["fedl2p_table5_cifar10c_a0p1"]["methods"]["FedL2P"]["published"] = 89.23  # the paper's side may differ
-    c = cl.fedl2p_beta_by_shift(res)
+    c = fedl2p_beta_by_shift(res)
     # feature-shift means: (0.9 + 0.0) / 2 = 0.45 when the repeat counts once, (0.9 + 0.0 + 0.7) / 3 = 0.53
     expected = "0.53 (feature shift, 3 runs" if counted else "0.45 (feature shift, 2 runs"
     assert expected in c.ours, c.ours
@@ -362,7 +368,7 @@ def test_claim_fedl2p_beta_per_client_reads_the_widest_feature_shift_span(span, 
            "fedl2p_table3_digits_a0p5": with_client_betas(
                fedl2p_row(70, 60, 65, dataset="digit_domains", beta=0.1), [0.1, 0.101], xi_ari=1.0),
            "fedl2p_table2_a0p1_e5": with_client_betas(fedl2p_row(70, 60, 65, beta=0.2), [0.0, 0.9])}
-    c = cl.fedl2p_beta_per_client(res)
+    c = fedl2p_beta_per_client(res)
     assert c.verdict == verdict, c
     assert f"widest span of the clients' beta {span:.4f} (fedl2p_table3_cifar10c_a0p5), in 2 feature-shift runs" \
         in c.ours, c.ours
@@ -373,7 +379,7 @@ def test_claim_fedl2p_beta_per_client_reads_the_widest_feature_shift_span(span, 
 def test_claim_fedl2p_beta_per_client_not_run_without_client_betas():
     res = {"fedl2p_table3_cifar10c_a0p5": fedl2p_row(70, 60, 65, dataset="cifar10c", beta=0.5),
            "fedl2p_table2_a0p1_e5": with_client_betas(fedl2p_row(70, 60, 65, beta=0.2), [0.0, 0.9])}
-    assert cl.fedl2p_beta_per_client(res).verdict == "not run"
+    assert fedl2p_beta_per_client(res).verdict == "not run"
 
 
 def with_beta_history(res: dict, betas_per_seed: list[list[float]], kept: list[int]) -> dict:
@@ -393,7 +399,7 @@ def test_claim_fedl2p_beta_names_an_early_kept_round(last, explained):
                                                       [[0.5, 0.45, 0.3, last], [0.4, 0.2, 0.1, last]], [2, 2]),
            "fedl2p_table2_a0p5_e5": with_beta_history(fedl2p_row(70, 60, 65, beta=0.35),
                                                       [[0.6, 0.5, 0.35, 0.2, 0.1, last]], [3])}
-    c = cl.fedl2p_beta_by_shift(res)
+    c = fedl2p_beta_by_shift(res)
     assert c.verdict == "fails"
     clause = (f"median round 2 of 4 in 3 runs, while beta went from 0.50 in round 1 to {last:.2f} in the last "
               f"round (means)")
@@ -406,7 +412,7 @@ def test_claim_fedl2p_beta_names_an_early_kept_round_across_domains(last, explai
     res = {"fedl2p_table3_cifar10c_a0p5": with_beta_history(fedl2p_row(70, 70, 65, dataset="cifar10c", beta=0.1),
                                                             [[0.4, 0.1, 0.5, last]], [2]),
            "fedl2p_table2_a0p1_e5": fedl2p_row(70, 60, 65, beta=0.05)}
-    c = cl.fedl2p_beta_by_shift(res)
+    c = fedl2p_beta_by_shift(res)
     assert c.verdict == "fails"
     clause = "the feature-shift lambda kept is the one of the round with the lowest validation loss"
     assert (clause in c.reason) == explained, c.reason
@@ -417,7 +423,7 @@ def test_claim_fedl2p_beta_names_an_early_kept_round_across_domains(last, explai
 @pytest.mark.parametrize("fedl2p, verdict", [(80.0, "holds"), (79.5, "holds"), (78.0, "fails")])
 def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
     res = {"fedl2p_table2_a0p1_e5": fedl2p_row(fedl2p, 70.0, 80.0), "fedl2p_table2_a1p0_e5": fedl2p_row(90, 85, 70)}
-    c = cl.fedl2p_matches_best_ft(res)
+    c = fedl2p_matches_best_ft(res)
     assert c.verdict == verdict, c
     assert c.paper_value.endswith("in 2/2 rows")  # 76 >= 75 - 1 in both published rows
     if verdict == "fails":  # the worst row, each side beside the paper's number
@@ -426,7 +432,7 @@ def test_claim_fedl2p_matches_best_ft(fedl2p, verdict):
         assert "are the authors' design" in c.reason and "src/models/weight_net.py:5-36" in c.reason, c.reason
     else:
         assert "authors' design" not in c.reason
-    assert cl.fedl2p_matches_best_ft({"fedl2p_x": result({"FedL2P": method(80)})}).verdict == "not run"
+    assert fedl2p_matches_best_ft({"fedl2p_x": result({"FedL2P": method(80)})}).verdict == "not run"
 
 
 @pytest.mark.parametrize("betas, kept, named", [([0.5, 0.4, 0.1, 0.0], 2, True),   # kept early, 0.4 further
@@ -439,7 +445,7 @@ def test_claim_fedl2p_matches_best_ft_names_an_early_kept_round(betas, kept, nam
                                                            [betas], [kept]),
            "fedl2p_table3_cifar10c_a0p5": with_beta_history(fedl2p_row(60, 70, 50, dataset="cifar10c"),
                                                             [[0.2, 0.5, 0.9]], [1])}
-    c = cl.fedl2p_matches_best_ft(res)
+    c = fedl2p_matches_best_ft(res)
     assert c.verdict == "fails"
     cifar = "fedl2p_table3_cifar10c_a0p5 round 1 of 3, beta 0.20 (last 0.90; FT (BN C) 1)"
     digits = f"fedl2p_table3_digits_a1000 round 2 of 4, beta 0.40 (last {betas[-1]:.2f}; FT (BN G) 0)"
@@ -451,7 +457,7 @@ def test_claim_fedl2p_matches_best_ft_names_an_early_kept_round(betas, kept, nam
 def test_claim_lrnet_input_ari(ari, verdict):
     row = fedl2p_row(80, 70, 75, dataset="digit_domains", scheme="domains", ari=ari)
     row["config"]["published_detail"] = resolve("fedl2p_analysis_digits", preset="cpu").published_detail
-    c = cl.fedl2p_lrnet_input_ari({"fedl2p_analysis_digits": row})
+    c = fedl2p_lrnet_input_ari({"fedl2p_analysis_digits": row})
     assert c.verdict == verdict, c
     assert "0.72" in c.paper_value  # Table 6, DomainNet alpha = 0.5, LRNet input
 
@@ -466,7 +472,7 @@ def test_claim_fedl2p_ift_matches_fomaml(ift, verdict):
         {"FedL2P (FOMAML+)": method(50.0, 52.7), "FedL2P (IFT)": method(51.0, 54.38)})}
     if ift is None:
         res.pop("fedl2p_table8_digits_a1000")
-    c = cl.fedl2p_ift_matches_fomaml(res)
+    c = fedl2p_ift_matches_fomaml(res)
     assert c.verdict == verdict, c
     if verdict == "not run":
         return
@@ -479,7 +485,7 @@ def test_claim_fedl2p_ift_matches_fomaml(ift, verdict):
 @pytest.mark.parametrize("pc, verdict", [(88.0, "holds"), (86.5, "holds"), (85.5, "fails"), (None, "not run")])
 def test_claim_pfedhn_pc(pc, verdict):
     methods = {"pFedHN": method(87.0, 88.38), "pFedHN-PC": method(pc, 90.08) if pc else method(None, 90.08, "diverged")}
-    c = cl.pfedhn_pc_matches({"pfedhn_table1_c10_n50": result(methods)})
+    c = pfedhn_pc_matches({"pfedhn_table1_c10_n50": result(methods)})
     assert c.verdict == verdict
     # a method that ran but diverged is named, not passed over in silence
     assert ("not compared (not ok): pfedhn_table1_c10_n50: pFedHN-PC (diverged)" in c.reason) == (pc is None), c
@@ -493,13 +499,13 @@ def test_a_failed_claim_says_when_the_method_was_still_learning(late, rising):
     res = result({"FedPer": method(84.3, 83.39), "pFedHN": method(60.8, 88.38)})
     res["history"] = {"pFedHN": {f"seed{s}": [{"round": r, "val_acc": a + d} for r, a in curve]
                                  for s, d in ((0, -0.01), (1, 0.01))}}
-    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": res})
+    c = pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": res})
     assert c.verdict == ("budget-limited" if rising else "fails"), c
     assert ("budget-limited (failing, but still learning when training stopped): pfedhn_table1_c10_n50: pFedHN's "
             "validation accuracy still rising when training stopped: best +3.0 pp after round 300 of 400" in c.reason) \
         == rising, c.reason
     res["history"]["pFedHN"] = {"seed0": [{"round": r, "val_acc": a} for r, a in curve[:3]]}  # too few to tell
-    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": res})
+    c = pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": res})
     assert c.verdict == "fails" and "still rising" not in c.reason
 
 
@@ -507,19 +513,19 @@ def test_claims_name_the_rivals_they_left_out():
     """A diverged rival has no accuracy, so the comparison skips it; the reason says so (and which run)."""
     methods = {"FedAvg": method(50.0, 47.79), "Per-FedAvg (HF)": method(None, 83.03, "diverged"),
                "pFedHN": method(88.0, 88.38), "pFedHN-PC": method(None, 90.08, "incomplete")}
-    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": result(methods)})
+    c = pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": result(methods)})
     assert c.verdict == "holds"
     # pFedHN-PC is no baseline of this claim: not named here
     assert c.reason.endswith("; not compared (not ok): pfedhn_table1_c10_n50: Per-FedAvg (HF) (diverged)"), c
     vem = {"pFedPer": method(None, 50.9, "diverged"), "pFedMAP": method(58.0, 58.8), "pFedVEM": method(62.0, 62.6)}
-    c = cl.pfedvem_best_under_drift({"pfedvem_omniglot_n50": result(vem)})
+    c = pfedvem_best_under_drift({"pfedvem_omniglot_n50": result(vem)})
     assert c.verdict == "holds" and "pfedvem_omniglot_n50: pFedPer (diverged)" in c.reason, c
     fs = {"FedAvg": method(33.0, 33.54), "LG-FedAvg": method(None, 59.95, "diverged"),
           "FedSelect (0.25)": method(84.0, 84.22)}
-    c = cl.fedselect_beats_fedavg_lg({"fedselect_table1_s2": result(fs)})
+    c = fedselect_beats_fedavg_lg({"fedselect_table1_s2": result(fs)})
     assert c.verdict == "holds" and c.reason.endswith("fedselect_table1_s2: LG-FedAvg (diverged)"), c
     ok = {k: method(m["acc_mean"] or 40.0, m["published"]) for k, m in methods.items()}
-    assert "not compared" not in cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": result(ok)}).reason
+    assert "not compared" not in pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": result(ok)}).reason
 
 
 @pytest.mark.parametrize("hn, verdict", [(88.0, "holds"), (85.0, "fails")])
@@ -527,13 +533,13 @@ def test_claim_pfedhn_beats_baselines_at_50_clients(hn, verdict):
     methods = {"FedAvg": method(50.0, 47.79), "pFedMe": method(86.0, 86.09), "pFedHN": method(hn, 88.38),
                "pFedHN-PC": method(99.0, 90.08)}  # its own variant is no baseline
     res = {"pfedhn_table1_c10_n50": result(methods), "pfedhn_table1_c10_n10": result({"pFedHN": method(1.0)})}
-    c = cl.pfedhn_beats_baselines_n50(res)
+    c = pfedhn_beats_baselines_n50(res)
     assert c.verdict == verdict, c
     assert c.paper_value == "pFedHN > best baseline in 1/1 rows"
-    assert cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n10": result(methods)}).verdict == "not run"
+    assert pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n10": result(methods)}).verdict == "not run"
     # an experiment not run yet (only its config): no verdict, but the paper's side is known
     stub = {"config": {"published": {k: m["published"] for k, m in methods.items()}}}
-    c = cl.pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": stub})
+    c = pfedhn_beats_baselines_n50({"pfedhn_table1_c10_n50": stub})
     assert c.verdict == "not run" and c.paper_value == "pFedHN > best baseline in 1/1 rows"
 
 
@@ -546,28 +552,28 @@ def test_claim_fedselect(lg, iou, verdict):
     res = result(methods)
     if iou is not None:
         res["analysis"] = {k: {"seeds": [{"seed": 0, "mask_iou": iou}]} for k in methods if k.startswith("FedSelect (")}
-    c = cl.fedselect_beats_fedavg_lg({"fedselect_table1_s2": res, "fedselect_table1_s4": result({})})
+    c = fedselect_beats_fedavg_lg({"fedselect_table1_s2": res, "fedselect_table1_s4": result({})})
     assert c.verdict == verdict, c
     assert c.paper_value == "FedSelect above in 4/4 comparisons"
     assert ("mask IoU not recorded" in c.reason) == (iou is None)
     if lg > 84.0:  # the largest shortfall, beside the paper's numbers
         assert f"worst fedselect_table1_s2: FedSelect (0.25) 84.00 (paper 84.22) vs LG-FedAvg {lg:.2f} (paper 59.95)" \
             in c.reason, c
-    assert cl.fedselect_beats_fedavg_lg({}).verdict == "not run"
+    assert fedselect_beats_fedavg_lg({}).verdict == "not run"
 
 
 @pytest.mark.parametrize("vem, verdict", [(62.0, "holds"), (55.0, "fails")])
 def test_claim_pfedvem_best(vem, verdict):
     methods = {"FedAvg": method(52.0, 52.2), "pFedMAP": method(58.0, 58.8), "pFedVEM": method(vem, 62.6),
                "pFedVEM (sampled only)": method(70.0)}  # its own variant is no rival
-    c = cl.pfedvem_best_under_drift({"pfedvem_table1_cifar100_n50": result(methods)})
+    c = pfedvem_best_under_drift({"pfedvem_table1_cifar100_n50": result(methods)})
     assert c.verdict == verdict, c
-    assert cl.pfedvem_best_under_drift({"pfedhn_x": result(methods)}).verdict == "not run"
+    assert pfedvem_best_under_drift({"pfedhn_x": result(methods)}).verdict == "not run"
 
 
 def test_check_all_gives_one_verdict_per_claim():
-    out = cl.check_all({})
-    assert len(out) == len(cl.CLAIMS) and {c.verdict for c in out} == {"not run"}
+    out = check_all({})
+    assert len(out) == len(CLAIMS) and {c.verdict for c in out} == {"not run"}
     assert {c.paper for c in out} == {"fedl2p", "pfedhn", "fedselect", "pfedvem"}
 
 
@@ -597,7 +603,8 @@ def test_cli_passes_the_selection_prints_the_summary_and_fails_on_a_failure(monk
 def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
     import papermill
 
-    import pflkit.notebooks.session as nbs
+    import pflkit.notebooks.execute as nbs
+    from pflkit.notebooks.session import figures_root
 
     calls = []
     monkeypatch.setattr(papermill, "inspect_notebook", lambda path: {"preset": {}, "results_root": {}})
@@ -613,7 +620,7 @@ def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
     assert (preset, folder, sent) == ("smoke", "fedl2p", {"results_root": "/r"})
     assert kw == {"only_names": ["02_label_shift.ipynb"], "figures_dir": None}  # smoke: not the repo's figures/
     run_notebook_cpu = rp.run_notebook("fedl2p", "02_label_shift.ipynb", "cpu", tmp_path, params)
-    assert run_notebook_cpu.status == "done" and calls[1][1]["figures_dir"] == nbs.figures_root()
+    assert run_notebook_cpu.status == "done" and calls[1][1]["figures_dir"] == figures_root()
 
     class CellError(Exception):  # what papermill raises: the failing cell's exception name and value
         ename, evalue = "DatasetNotFoundError", "dataset 'sun397' was not found under /data"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflkit.report import claims as cl
 from pflkit.report import verdicts as vd
+from pflkit.report.fedl2p import claims as cl
 
 N = 30  # clients
 

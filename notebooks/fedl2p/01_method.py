@@ -106,8 +106,8 @@ from torch import nn
 from pflkit.models.mixed_bn import convert_bn, init_client_stats, set_bn_mode
 from pflkit.notebooks.session import setup
 from pflkit.report import readings
-from pflkit.report.fedl2p import load_report
-from pflkit.report.fedl2p_learned import drawable, learned, learned_reading, meta_rounds, plot_learned
+from pflkit.report.fedl2p.figures import load_report
+from pflkit.report.fedl2p.learned import drawable, learned, learned_reading, meta_rounds, plot_learned
 from pflkit.report.figures import constant_statement, plot_methods, save_figure, text_panel, visible_spread
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,

@@ -93,7 +93,7 @@ from IPython.display import Markdown, display
 
 from pflkit.notebooks.session import setup
 from pflkit.report import readings
-from pflkit.report.fedl2p import versus_finetuning
+from pflkit.report.fedl2p.figures import versus_finetuning
 from pflkit.report.figures import plot_client_values, plot_methods, save_figure
 from pflkit.report.tables import ours_vs_paper
 

@@ -108,8 +108,8 @@ from pflkit.data.corruptions import CORRUPTIONS, corrupt
 from pflkit.data.base import DatasetNotFoundError
 from pflkit.notebooks.session import setup
 from pflkit.report import readings
-from pflkit.report.fedl2p import client_groups, load_report, plot_hyperparameters_by_domain, versus_finetuning
-from pflkit.report.fedl2p_learned import (
+from pflkit.report.fedl2p.figures import client_groups, load_report, plot_hyperparameters_by_domain, versus_finetuning
+from pflkit.report.fedl2p.learned import (
     drawable, learned, learned_reading, meta_rounds, paper_label, plot_beta_by_domain, plot_learned,
 )
 from pflkit.report.figures import plot_methods, save_figure

@@ -96,8 +96,8 @@ from IPython.display import Markdown, display
 
 from pflkit.notebooks.session import setup
 from pflkit.report import readings
-from pflkit.report.fedl2p import versus_finetuning
-from pflkit.report.fedl2p_learned import drawable, learned, learned_reading, paper_label, plot_learned
+from pflkit.report.fedl2p.figures import versus_finetuning
+from pflkit.report.fedl2p.learned import drawable, learned, learned_reading, paper_label, plot_learned
 from pflkit.report.figures import OKABE_ITO, save_figure
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,

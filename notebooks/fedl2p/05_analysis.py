@@ -103,10 +103,10 @@ from pflkit.data.base import DatasetNotFoundError
 from pflkit.notebooks.session import figures_root, setup
 from pflkit.report import readings
 from pflkit.report.committed import MissingResultError, results_dir as committed_dir
-from pflkit.report.fedl2p import (
+from pflkit.report.fedl2p.figures import (
     ari_table, plot_distance_map, plot_hyperparameters_by_domain, published_ari,
 )
-from pflkit.report.fedl2p_learned import (
+from pflkit.report.fedl2p.learned import (
     ari_frame, client_report, drawable, learned, learned_reading, meta_rounds, plot_learned, plot_sparsity_scenarios,
 )
 from pflkit.report.figures import save_figure

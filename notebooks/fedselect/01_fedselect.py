@@ -104,7 +104,7 @@ from pflkit.models import build_model, head_param_names
 from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.compact import analysis
-from pflkit.report.fedselect import (SELECT_ROW, accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading,
+from pflkit.report.fedselect.figures import (SELECT_ROW, accuracy_vs_p_reading, layer_mask_reading, ltn_shares_reading,
                                      mask_frame, mask_reading, plot_accuracy_and_communication, plot_accuracy_vs_p,
                                      plot_fig1, plot_gradltn_schedule, plot_layer_masks, plot_mask_overlap,
                                      stored_head_iou, table1_frame, table1_reading)

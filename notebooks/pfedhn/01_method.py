@@ -96,7 +96,7 @@ from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import run_rounds
 from pflkit.models import count_params
 from pflkit.notebooks.session import setup
-from pflkit.report import pfedhn as report
+from pflkit.report.pfedhn import figures as report
 from pflkit.report.figures import OKABE_ITO, save_figure
 from pflkit.run.runner import initial_model, make_env
 from pflkit.run.stages import method_config

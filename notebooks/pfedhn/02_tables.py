@@ -86,7 +86,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 from pflkit.notebooks.session import setup
-from pflkit.report import pfedhn as report
+from pflkit.report.pfedhn import tables as report
 from pflkit.report import readings
 from pflkit.report.figures import plot_methods, save_figure
 

@@ -78,7 +78,7 @@ results_dir = None  # results mode: the committed results' folder (None: the che
 from IPython.display import Markdown, display
 
 from pflkit.notebooks.session import setup
-from pflkit.report import pfedhn as report
+from pflkit.report.pfedhn import figures as report
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)

@@ -105,7 +105,7 @@ from pflkit.report import readings
 from pflkit.report.committed import MissingResultError
 from pflkit.report.compact import analysis
 from pflkit.report.figures import save_figure
-from pflkit.report.pfedvem import (head_size, method_option, plot_table1, plot_trust, table1, table1_reading,
+from pflkit.report.pfedvem.figures import (head_size, method_option, plot_table1, plot_trust, table1, table1_reading,
                                    trust_from_analysis, trust_reading, trust_takeaway)
 from pflkit.run.runner import make_env
 

@@ -504,7 +504,7 @@ def _head_iou(client_states: dict, ids: list[int], head: list[str]) -> dict:
     """Fig. 1: ``head_mask_iou``, the (n, n) IoU of the trained clients' personal masks over the final linear
     layer's entries (rows and columns in client order, 1 on the diagonal, 4 decimals), and
     ``head_personal_share``, each client's personal share of those entries (the keys
-    `pflkit.report.fedselect.stored_head_iou` reads)."""
+    `pflkit.report.fedselect.figures.stored_head_iou` reads)."""
     masks = [torch.cat([(~client_states[j]["travel"][n]).flatten().cpu() for n in head]) for j in ids]
     iou = np.ones((len(ids), len(ids)))
     for a in range(len(ids)):

@@ -358,7 +358,7 @@ def _drop_if_empty(folder: Path) -> None:
 # ----------------------------------------------------------------------------- notebooks
 
 def _notebook_jobs():
-    from pflkit.notebooks.session import find_notebooks, notebooks_dir
+    from pflkit.notebooks.execute import find_notebooks, notebooks_dir
 
     root = notebooks_dir()
     return [(nb.relative_to(root).parent.as_posix(), nb.name) for nb in find_notebooks(root=root)]
@@ -373,7 +373,8 @@ def run_notebook(folder: str, name: str, preset: str, work: Path, parameters: di
     """
     import papermill as pm
 
-    from pflkit.notebooks.session import figures_root, notebooks_dir, run_notebooks
+    from pflkit.notebooks.execute import notebooks_dir, run_notebooks
+    from pflkit.notebooks.session import figures_root
 
     label = f"notebooks/{folder}/{name}"
     t0 = time.perf_counter()
@@ -651,7 +652,7 @@ def _unchanged_after_runs(jobs: list[tuple[str, str]], done: dict, key) -> list[
 def _notebook_key(folder: str, name: str, preset: str, code: dict | None, compacts: list[Path]) -> str:
     """What a notebook's output depends on: its own text, the preset, the code version and the results
     (fingerprints) of its paper's experiments in the batch; an unchanged key makes it "skipped"."""
-    from pflkit.notebooks.session import notebooks_dir
+    from pflkit.notebooks.execute import notebooks_dir
 
     h = hashlib.sha256((notebooks_dir() / folder / name).read_bytes())
     fps = [read_json(c).get("fingerprint") if c.exists() else None for c in compacts]

@@ -45,7 +45,7 @@ def execute_results_mode(nb: Path, figures_dir: Path | None = None, timeout: int
 
 
 def _execute(nb: Path, figures_dir: Path | None, timeout: int) -> dict:
-    from pflkit.notebooks.session import run_notebooks
+    from pflkit.notebooks.execute import run_notebooks
 
     with tempfile.TemporaryDirectory(prefix="pflkit-nb-") as tmp:
         params = {"source": "results"}
@@ -87,7 +87,7 @@ def _clean_output(o: dict) -> dict | None:
 
 
 def dumps(nb: dict) -> str:
-    """The one serialization of a committed notebook (as `pflkit.notebooks.session.sync_install_cells` writes)."""
+    """The one serialization of a committed notebook (as `pflkit.notebooks.install.sync_install_cells` writes)."""
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 

@@ -1,60 +1,28 @@
-"""Notebook support: one setup call per notebook, the Colab install cell, and batch execution.
+"""The notebook session: one `setup` call per notebook, and the `Session` every cell reads and runs through.
 
 Every notebook starts with `setup` (threads, device, output folders, the smoke warning) and then
 reads data and runs experiments through the returned `Session`, so that the data actually used is
-always the data named in titles and tables. `run_notebooks` executes the notebooks with papermill
-(`pflkit notebooks`); `sync_install_cells` rewrites every notebook's Colab badge and install cell
-from the one repository address in ``pyproject.toml``.
+always the data named in titles and tables. Executing the notebooks is `pflkit.notebooks.execute`;
+their Colab badge and install cell, `pflkit.notebooks.install`; the stand-in datasets,
+`pflkit.notebooks.standins`.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pflkit.data.datasets import DATASET_NAMES, dataset_name
+from pflkit.data.datasets import dataset_name
+from pflkit.notebooks.execute import notebooks_dir
+from pflkit.notebooks.standins import STANDIN_DATASET, STANDINS, standin_overrides
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("results", "train")  # a notebook's `source`: draw from the committed results, or train here
 SMOKE_NOTE = ("preset 'smoke': tiny sizes, so the accuracies below are meaningless; "
               "they only show that the code runs (use preset 'cpu' or 'paper' for numbers)")
-
-# Stand-ins (only with ``standin=True``): every dataset that may be missing offline is replaced by the
-# embedded sklearn digits with its small BN conv net, pooled and re-split by the experiment's partition.
-STANDIN_DATASET = "digits"
-_STANDIN_BASE = ("data.dataset=digits", "data.options={}", "model.name=digits_cnn", "model.options={}",
-                 "data.augment=none", "data.task=label", "data.split=pool")
-STANDINS: dict[str, tuple[str, ...]] = {name: _STANDIN_BASE for name in DATASET_NAMES if name != STANDIN_DATASET}
-# Partitions that need per-sample groups (domains, speakers) or superclasses, which digits lacks,
-# become Dirichlet label shift.
-_GROUP_SCHEMES = {"domains", "natural", "concept_drift"}
-_GROUP_SCHEME_STANDIN = ("data.scheme=dirichlet", "data.partition={ alpha = 0.5 }")
-# Experiments whose budgets are sizes of one network (pFedHN Table 2: LeNet widths 8 / 16 / 32) keep them on
-# the stand-in as the hidden units of an MLP: digits' 8x8 images are too small for a LeNet.
-BUDGET_STANDIN = ("mlp", "hidden")
-
-
-def budget_standin(cfg, model: str = BUDGET_STANDIN[0], option: str = BUDGET_STANDIN[1]) -> list[str]:
-    """Overrides that carry an experiment's budget sizes to ``model``'s ``option`` (none if it has no budgets).
-
-    A budget is pFedHN's ``budget_widths`` (its ``budget_model`` / ``budget_option`` become ``model`` /
-    ``option``) or a method's own ``model = { width = w }`` (it becomes ``{ option = w }``).
-    """
-    out = []
-    for m in cfg.methods:
-        if getattr(m.config, "budget_widths", ()):
-            out += [f'methods."{m.label}".budget_model={model}', f'methods."{m.label}".budget_option={option}']
-        sizes = getattr(m, "model", None) or {}
-        if len(sizes) > 1:
-            raise ValueError(f"methods.{m.label}.model={sizes}: a budget stand-in needs one size option")
-        out += [f'methods."{m.label}".model={{ {option} = {v} }}' for v in sizes.values()]
-    return [f"model.name={model}", "model.options={}", *out] if out else []
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -81,12 +49,6 @@ class Session:
     source: str = "train"  # train: train here; results: the committed results of `preset`, no training
     results_dir: str | None = None  # where the committed results are (`pflkit.report.committed.results_dir`)
 
-    def _standin_overrides(self, cfg) -> list[str]:
-        if not self.standin or cfg.data.dataset not in STANDINS:
-            return []
-        extra = _GROUP_SCHEME_STANDIN if cfg.data.scheme in _GROUP_SCHEMES else ()
-        return [*STANDINS[cfg.data.dataset], *extra, *budget_standin(cfg)]
-
     def resolve(self, name: str, *overrides: str):
         """The experiment ``name`` at this preset with this seed and device (and the stand-in, if asked).
 
@@ -96,7 +58,7 @@ class Session:
 
         base = [f"seed={self.seed}", f"device={self.device}"]
         cfg = resolve(name, self.preset, [*base, *overrides])
-        standin = self._standin_overrides(cfg)
+        standin = standin_overrides(cfg) if self.standin else []
         if standin:
             log.info("%s: %s replaced by the stand-in %s", name, cfg.data.dataset, STANDIN_DATASET)
             cfg = resolve(name, self.preset, [*base, *standin, *overrides])
@@ -247,13 +209,13 @@ class Session:
         return self.figures / name
 
     def checked_claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
-        """The paper's claims (`pflkit.report.claims.check_all`) checked on ``names``' results: in results mode
+        """The paper's claims (`pflkit.report.papers.claims_of`) checked on ``names``' results: in results mode
         the committed ones, else the runs `run` made or read (``made``: ``{experiment: (results, run folder or
         None)}`` for results made otherwise). An experiment without results is "not run". A list of
         `ClaimResult` (verdict, paper's value, ours, why), which `pflkit.report.readings.takeaways` reads."""
         from pflkit.io import read_json
-        from pflkit.report.claims import check_all
         from pflkit.report.compact import analysis
+        from pflkit.report.papers import claims_of
 
         if self.source == "results":
             found = {name: self.committed(name) for name in names}
@@ -263,7 +225,7 @@ class Session:
             runs.update(made or {})
             found = {name: {**res, "analysis": analysis(Path(folder), res) if folder else {}}
                      for name, (res, folder) in runs.items()}
-        return [c for c in check_all(found) if c.paper == paper]
+        return claims_of(found, paper)
 
     def claims(self, paper: str, names=(), results_root: str | os.PathLike | None = None, *, made=None):
         """`checked_claims` as a table, and the paragraph that says what they mean (`claims.conclusion`),
@@ -325,7 +287,7 @@ def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: st
         data_root: a folder with datasets (searched before ``$PFLKIT_DATA`` and the cache).
         device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         download: let `load_dataset` download missing datasets (not when ``PFLKIT_OFFLINE=1``).
-        standin: replace datasets other than sklearn digits by digits (`STANDINS`); labelled as such.
+        standin: replace datasets other than sklearn digits by digits (`pflkit.notebooks.standins`); labelled as such.
         figures_dir: where figures go (default ``out_dir/figures``).
         seed: the experiments' first seed.
         threads: torch CPU threads (default: 1 at ``smoke``, else every core).
@@ -360,173 +322,7 @@ def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: st
     return session
 
 
-# ----------------------------------------------------------------------------- Colab badge and install cell
-
-CLONE_DIR = "pflkit-src"  # not "pflkit": a folder of that name in the working directory shadows the package
-# the install cell shows collapsed: its source hidden in Jupyter, a form (its title only) in Colab
-INSTALL_METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
-INSTALL_HEADER = '# %% tags=["install"] cellView="form" jupyter={"source_hidden": true}'  # the same, in a .py twin
-
-_INSTALL_CELL = '''\
-#@title Install pflkit (Colab or a fresh machine; skipped where it is installed) {{ display-mode: "form" }}
-# Skipped when pflkit and the packages its notebooks use all import, also after "Restart runtime". An
-# install that was interrupted (a clone whose dependencies are missing) is completed. The clone goes to
-# "{clone}": a folder named "pflkit" here would shadow the package.
-import importlib
-import subprocess
-import sys
-from pathlib import Path
-
-src = Path("{clone}").absolute()
-if (src / "pflkit" / "__init__.py").exists() and str(src) not in sys.path:
-    sys.path.insert(0, str(src))  # beats a stray pflkit/ folder in the working directory
-needed = ["pflkit.cli", "torch", "numpy", "matplotlib", "seaborn", "pandas", "sklearn", "tqdm", "papermill"]
-try:  # a real install imports its submodules from a regular package (a namespace one has no __file__)
-    for name in needed:
-        importlib.import_module(name)
-    installed = getattr(sys.modules["pflkit"], "__file__", None) is not None
-except ImportError:
-    installed = False
-if not installed:
-    if not (src / "pyproject.toml").exists():
-        subprocess.run(["git", "clone", "--depth", "1", "{url}.git", str(src)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{{src}}[notebooks]"], check=True)
-    # usable now, without a restart: the clone on sys.path, a stale namespace "pflkit" forgotten
-    sys.path.insert(0, str(src))
-    for mod in [m for m in sys.modules if m == "pflkit" or m.startswith("pflkit.")]:
-        del sys.modules[mod]
-    importlib.invalidate_caches()'''
-
-_BADGE = re.compile(r"\[!\[Open In Colab\]\((?P<img>[^)]*)\)\]\(https://colab\.research\.google\.com/github/[^)]*\)")
-
-
-def repository_url(pyproject: str | os.PathLike | None = None) -> str:
-    """``[project.urls] Repository`` of pyproject.toml (the one place the address is written)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
-    path = Path(pyproject) if pyproject else Path(__file__).resolve().parents[2] / "pyproject.toml"
-    return tomllib.loads(path.read_text())["project"]["urls"]["Repository"].rstrip("/")
-
-
-def install_cell_source(repo_url: str) -> str:
-    """The guarded install cell's code for the repository at ``repo_url`` (``https://github.com/OWNER/REPO``)."""
-    return _INSTALL_CELL.format(clone=CLONE_DIR, url=repo_url.rstrip("/").removesuffix(".git"))
-
-
-def badge_target(repo_url: str, notebook: str) -> str:
-    """The Colab link opening ``notebook`` (a path relative to the repository root) from GitHub."""
-    owner_repo = repo_url.rstrip("/").removesuffix(".git").split("github.com/", 1)[1]
-    return f"https://colab.research.google.com/github/{owner_repo}/blob/main/{notebook}"
-
-
-def _fix_badge(text: str, target: str) -> str:
-    return _BADGE.sub(lambda m: f"[![Open In Colab]({m['img']})]({target})", text)
-
-
-def _sync_py(path: Path, cell: str, target: str) -> str:
-    text = _fix_badge(path.read_text(), target)
-    pattern = re.compile(r'(# %% [^\n]*tags=\["install"\][^\n]*\n)(.*?)(?=\n+# %%)', re.DOTALL)
-    if not pattern.search(text):
-        raise ValueError(f"{path}: no cell tagged 'install'")
-    return pattern.sub(lambda m: INSTALL_HEADER + "\n" + cell, text, count=1)
-
-
-def _sync_ipynb(path: Path, cell: str, target: str) -> str:
-    nb = json.loads(path.read_text())
-    for c in nb["cells"]:
-        src = "".join(c["source"])
-        if c["cell_type"] == "code" and "install" in c.get("metadata", {}).get("tags", []):
-            src = cell
-            c["metadata"].update(INSTALL_METADATA)
-        elif c["cell_type"] == "markdown":
-            src = _fix_badge(src, target)
-        c["source"] = src.splitlines(keepends=True)
-    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def sync_install_cells(root: Path | None = None, repo_url: str | None = None) -> list[Path]:
-    """Rewrite the Colab badge and the install cell of every notebook (and its .py twin).
-
-    The address comes from pyproject.toml (`repository_url`). Returns the files that changed.
-    """
-    root = root or notebooks_dir()
-    repo_url = repo_url or repository_url()
-    cell = install_cell_source(repo_url)
-    changed = []
-    for nb in find_notebooks(root=root):
-        target = badge_target(repo_url, f"notebooks/{nb.relative_to(root).as_posix()}")
-        for path, sync in ((nb.with_suffix(".py"), _sync_py), (nb, _sync_ipynb)):
-            if not path.exists():
-                continue
-            new = sync(path, cell, target)
-            if new != path.read_text():
-                path.write_text(new)
-                changed.append(path)
-    return changed
-
-
-# ----------------------------------------------------------------------------- batch execution
-
-def notebooks_dir() -> Path:
-    here = Path(__file__).resolve().parents[2] / "notebooks"
-    if not here.is_dir():
-        raise FileNotFoundError(f"no notebooks folder at {here}; run from a clone of the repository")
-    return here
-
-
 def figures_root() -> Path:
     """The repository's committed ``figures/`` folder (written only by ``pflkit notebooks --figures``)."""
     return notebooks_dir().parent / "figures"
 
-
-def find_notebooks(only: str | None = None, root: Path | None = None) -> list[Path]:
-    """Every ``.ipynb`` under notebooks/ (or under one subfolder), sorted; checkpoints skipped."""
-    root = root or notebooks_dir()
-    base = root / only if only else root
-    if only and not base.is_dir():
-        folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        raise ValueError(f"--only {only!r}: no such folder under {root}; folders: {', '.join(folders)}")
-    return sorted(p for p in base.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-
-
-def run_notebooks(preset: str = "smoke", only: str | None = None, out: str | Path = "notebooks_out",
-                  parameters: dict[str, Any] | None = None, kernel: str | None = None,
-                  only_names: list[str] | None = None, figures_dir: str | Path | None = None,
-                  root: Path | None = None, timeout: int | None = None) -> list[Path]:
-    """Execute notebooks with papermill into ``out`` (mirroring folders).
-
-    Every notebook receives ``preset`` and ``out_dir`` (plus ``parameters``) through its cell
-    tagged ``parameters``. With ``figures_dir`` each notebook also gets ``figures_dir`` =
-    ``figures_dir/<its folder>`` (the batch command passes the repository's ``figures/``);
-    without it figures stay under each notebook's ``out_dir``. A failing cell raises
-    `papermill.PapermillExecutionError` naming the notebook and the cell, after the partially
-    executed copy is written.
-    """
-    import papermill as pm
-
-    # the "python3" kernelspec runs whatever `python` is first on PATH: make it this interpreter
-    bindir = os.path.dirname(sys.executable)
-    if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    root = root or notebooks_dir()
-    out = Path(out)
-    done = []
-    for nb in find_notebooks(only, root):
-        if only_names is not None and nb.name not in only_names:
-            continue
-        rel = nb.relative_to(root)
-        target = out / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        params = {"preset": preset, "out_dir": str((out / rel.parent / rel.stem).resolve()), **(parameters or {})}
-        if figures_dir is not None:
-            params["figures_dir"] = str((Path(figures_dir) / rel.parent).resolve())
-        log.info("executing %s", rel)
-        pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name=kernel, cwd=str(nb.parent),
-                            progress_bar=False, execution_timeout=timeout)
-        done.append(target)
-    if not done:
-        raise ValueError(f"no notebooks found under {root / (only or '')}")
-    return done

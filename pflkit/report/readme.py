@@ -32,7 +32,8 @@ from pflkit.io import atomic_write, read_json
 from pflkit.report.compact import compact_path
 from pflkit.report.divergence import mark_divergence
 from pflkit.report.reproduction import (STALE, UNSEEN, catalog_stubs, claims_table, data_label, load_results,
-                                        method_result, out_of_date, run_time)
+                                        method_result, out_of_date)
+from pflkit.report.timing import run_time
 
 BLOCK = re.compile(r"<!-- results (?P<preset>[\w-]+): (?P<names>[^>]*?) -->\n(?P<body>.*?)<!-- /results -->",
                    re.DOTALL)

@@ -134,7 +134,7 @@ def test_near_constant_outputs_cluster_perfectly_but_report_no_spread():
     assert c["eta"]["between_rel"] < NEAR_CONSTANT and c["eta"]["near_constant"]
     assert c["xi"]["between"] > 1.0 and not c["xi"]["near_constant"]
     # every output ARI of the report table sits beside its spread and the flag
-    from pflkit.report.fedl2p import ari_table
+    from pflkit.report.fedl2p.figures import ari_table
 
     t = ari_table(rows, g).set_index("quantity")
     assert list(t.loc["beta", ["ARI", "near-constant"]]) == [1.0, True] and t.loc["beta", "between"] < 1e-5

@@ -286,7 +286,7 @@ def client_report(results: dict, label: str = "FedL2P", seed: int = 0, run_dir=N
     domain, read from the run folder when one is given (train mode), else from the arrays a compact result
     stores (`pflkit.report.compact.report_rows`); ``(None, None)`` when neither holds them."""
     from pflkit.report.compact import report_rows
-    from pflkit.report.fedl2p import client_groups, load_report
+    from pflkit.report.fedl2p.figures import client_groups, load_report
 
     if run_dir is not None and Path(run_dir, f"seed{seed}").is_dir():
         return load_report(run_dir, label, seed), client_groups(run_dir, "domain", seed)

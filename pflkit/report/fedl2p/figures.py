@@ -16,7 +16,7 @@ per client beta per BN layer, eta per parameter tensor, sparsity, xi, features).
   across-client median) with one box per domain, the spreads in the panel titles;
 * `versus_finetuning`: FedL2P against the best of the FT (BN C / G / I) baselines.
 
-These need a run folder (a fresh run); `pflkit.report.fedl2p_learned` draws what the committed compact
+These need a run folder (a fresh run); `pflkit.report.fedl2p.learned` draws what the committed compact
 results store.
 """
 from __future__ import annotations
