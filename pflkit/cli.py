@@ -195,7 +195,8 @@ def _cmd_reproduce(args) -> int:
         return 0
     import time
 
-    from pflkit.batch.reproduce import FAILED, format_summary, reproduce
+    from pflkit.batch.outcomes import FAILED, format_summary
+    from pflkit.batch.reproduce import reproduce
 
     t0 = time.perf_counter()
     if args.stages:

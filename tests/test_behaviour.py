@@ -27,7 +27,7 @@ PROBE = """\
 import json, sys
 from pflkit.batch.behaviour import stage_fingerprints
 from pflkit.run.experiments import resolve
-from pflkit.batch.reproduce import code_version
+from pflkit.batch.versions import code_version
 path = sys.argv[1]
 print(json.dumps({"code": code_version(), "stages": stage_fingerprints(resolve(path, "cpu"), path, code_version())}))
 """

@@ -134,7 +134,7 @@ def test_table2_presets_change_sizes_only():
 
 
 def test_reproduce_plans_table2_with_its_baselines(tmp_path):
-    from pflkit.batch.reproduce import plan, select
+    from pflkit.batch.selection import plan, select
 
     chosen = select("pfedhn", "pfedhn_table2_*")
     assert set(chosen) == {"pfedhn_table2_budget_c10", "pfedhn_table2_budget_c100"}

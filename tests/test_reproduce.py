@@ -12,6 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pflkit.batch import notebook_runs as nr
+from pflkit.batch import outcomes as oc
+from pflkit.batch import selection as sel
+from pflkit.batch import versions as ver
+from pflkit.batch import work_folder as wf
 from pflkit.batch import reproduce as rp
 from pflkit.cli import main
 from pflkit.run.experiments import resolve
@@ -59,7 +64,7 @@ def test_batch_runs_and_reports_missing_data_as_not_run(batch):
     assert not (batch["root"] / "work" / "tiny_cifar100").exists()  # nothing left behind
     status = json.loads((batch["root"] / "results" / "smoke" / "_status.json").read_text())
     assert status["tiny_cifar100"]["status"] == "not run"
-    summary = rp.format_summary(list(out.values()), 3.0)
+    summary = oc.format_summary(list(out.values()), 3.0)
     assert "1 done, 0 skipped, 1 not run, 0 failed" in summary and "data missing: cifar100" in summary
 
 
@@ -72,7 +77,7 @@ def test_compact_result_holds_what_the_report_needs_and_no_checkpoints(batch):
     assert res["methods"]["FT (BN C)"]["published"] == 87.25
     assert set(res["history"]) == {"Global", "FT (BN C)"} and res["history"]["Global"]["seed0"][0]["round"] == 1
     assert res["config"] == full["config"] and res["preset"] == "smoke" and res["deviations"] == []
-    assert res["fingerprint"]["code"] == rp.code_version() and res["version"]["pflkit"]
+    assert res["fingerprint"]["code"] == ver.code_version() and res["version"]["pflkit"]
     f = res["data"]["files"][0]
     assert len(f["sha256"]) == 64 and "path" not in f and f["file"] == "digits.csv.gz"
     assert res["command"] == "pflkit reproduce --preset smoke --only tiny_digits"
@@ -83,7 +88,7 @@ def test_runs_a_notebook_reads_keep_their_trained_states(batch, tmp_path, monkey
     """`KEEP_STATES` runs keep each stage's final states in the work folder (FedSelect's notebook reads
     them instead of training again); other runs keep none."""
     assert not list((batch["root"] / "work" / "tiny_digits").rglob("*.final.pt"))
-    monkeypatch.setattr(rp, "KEEP_STATES", ("tiny_dig*",))
+    monkeypatch.setattr(wf, "KEEP_STATES", ("tiny_dig*",))
     rp.reproduce("smoke", **dict(batch["kw"], results_dir=tmp_path / "results", work_dir=tmp_path / "work"))
     kept = load_final_states(tmp_path / "work" / "tiny_digits", "Global")
     assert nbytes(kept["state"]) > 0
@@ -128,7 +133,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
         monkeypatch.setattr(runner, "device_info", lambda cfg: {**real_info(cfg), "gpu": None, "cpu_capability": cap})
 
     def run_and_look(cfg, folder, **kw):  # the entry is on disk while the run trains
-        seen.append(json.loads((folder / rp.INVOCATIONS).read_text())["runs"][-1])
+        seen.append(json.loads((folder / wf.INVOCATIONS).read_text())["runs"][-1])
         return real_run(cfg, folder, **kw)
 
     monkeypatch.setattr(runner, "run_experiment", run_and_look)
@@ -154,7 +159,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
     # a run resumed from before invocations were recorded says so
     compact.unlink()
     (seed / "ft-bn-c.json").unlink()
-    (seed.parent / rp.INVOCATIONS).unlink()
+    (seed.parent / wf.INVOCATIONS).unlink()
     rp.reproduce("smoke", **kw)
     res = json.loads(compact.read_text())
     assert res["invocations"]["unrecorded"] is True and len(res["invocations"]["runs"]) == 1
@@ -173,23 +178,23 @@ def test_a_code_change_makes_a_result_stale(batch, monkeypatch):
     compact = batch["kw"]["results_dir"] / "smoke" / "tiny_digits.json"
     cfg = resolve(batch["catalog"] / "tiny" / "tiny_digits.toml", "smoke")
     code = json.loads(compact.read_text())["fingerprint"]["code"]
-    assert rp._up_to_date(compact, cfg, code) == (True, "up to date")
-    assert rp._up_to_date(compact, cfg, {**code, "source": "0" * 16}) == (False, "code changed")
-    assert rp._up_to_date(compact, cfg, None) == (True, "up to date")  # --no-code-check
-    monkeypatch.setattr(rp, "COMPACT_FORMAT", rp.COMPACT_FORMAT + 1)
-    assert rp._up_to_date(compact, cfg, code) == (False, "compact format changed")
+    assert sel._up_to_date(compact, cfg, code) == (True, "up to date")
+    assert sel._up_to_date(compact, cfg, {**code, "source": "0" * 16}) == (False, "code changed")
+    assert sel._up_to_date(compact, cfg, None) == (True, "up to date")  # --no-code-check
+    monkeypatch.setattr(sel, "COMPACT_FORMAT", sel.COMPACT_FORMAT + 1)
+    assert sel._up_to_date(compact, cfg, code) == (False, "compact format changed")
 
 
 def test_code_version_ignores_comments_and_docstrings_not_code(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "report").mkdir(parents=True)
     (pkg / "a.py").write_text('"""Doc."""\nx = 1  # one\n')
-    base = rp.code_version(pkg)
+    base = ver.code_version(pkg)
     (pkg / "a.py").write_text('"""Other doc."""\n# a comment\nx = 1\n')
     (pkg / "report" / "t.py").write_text("y = 2\n")  # not run code
-    assert rp.code_version(pkg) == base
+    assert ver.code_version(pkg) == base
     (pkg / "a.py").write_text('"""Doc."""\nx = 2\n')
-    assert rp.code_version(pkg) != base
+    assert ver.code_version(pkg) != base
 
 
 def test_data_sources_lose_machine_folders():
@@ -198,15 +203,15 @@ def test_data_sources_lose_machine_folders():
 
 
 def test_selection_by_paper_and_pattern():
-    assert list(rp.select(only="demo")) == ["demo"]
-    fedselect = rp.select(paper="fedselect")
+    assert list(sel.select(only="demo")) == ["demo"]
+    fedselect = sel.select(paper="fedselect")
     assert fedselect and all(n.startswith("fedselect_") for n in fedselect)
-    assert set(rp.select(only="fedselect_table1_s*,demo")) == {"fedselect_table1_s2", "fedselect_table1_s4", "demo"}
+    assert set(sel.select(only="fedselect_table1_s*,demo")) == {"fedselect_table1_s2", "fedselect_table1_s4", "demo"}
     # a full name selects that experiment only (it is the command each compact result records)
-    assert set(rp.select(only="pfedhn_table1_c10_n10,demo")) == {"demo", "pfedhn_table1_c10_n10"}
-    assert {"pfedhn_table1_c10_n10", "pfedhn_table1_c10_n100"} <= set(rp.select(only="c10_n10"))  # a substring
+    assert set(sel.select(only="pfedhn_table1_c10_n10,demo")) == {"demo", "pfedhn_table1_c10_n10"}
+    assert {"pfedhn_table1_c10_n10", "pfedhn_table1_c10_n100"} <= set(sel.select(only="c10_n10"))  # a substring
     with pytest.raises(Exception, match="no experiment matches"):
-        rp.select(only="no_such_experiment")
+        sel.select(only="no_such_experiment")
 
 
 def test_report_shows_published_and_measured_numbers(batch, tmp_path):
@@ -245,7 +250,7 @@ def test_the_report_marks_a_result_whose_experiment_file_changed_since(batch, tm
     assert "the earlier configuration's numbers): `tiny_digits`." in text  # under the claims
     # the batch agrees: it is the one it would rerun
     cfg = resolve(catalog / "tiny" / "tiny_digits.toml", "smoke")
-    assert rp._up_to_date(compact, cfg, None) == (False, "configuration changed")
+    assert sel._up_to_date(compact, cfg, None) == (False, "configuration changed")
     # a result of an experiment the catalog does not know is not judged
     assert not out_of_date({**res, "experiment": "no_such_experiment"}, catalog)
 
@@ -584,8 +589,8 @@ def test_cli_passes_the_selection_prints_the_summary_and_fails_on_a_failure(monk
 
     def fake(preset, **kw):
         seen.update(kw, preset=preset)
-        return [rp.Outcome("a", rp.DONE, "", 61.0), rp.Outcome("b", rp.SKIPPED, "up to date"),
-                rp.Outcome("c", rp.FAILED, "ValueError: boom", 2.0)]
+        return [oc.Outcome("a", oc.DONE, "", 61.0), oc.Outcome("b", oc.SKIPPED, "up to date"),
+                oc.Outcome("c", oc.FAILED, "ValueError: boom", 2.0)]
 
     monkeypatch.setattr(rp, "reproduce", fake)
     argv = ["reproduce", "--preset", "smoke", "--paper", "fedselect", "--only", "s2", "--results", str(tmp_path),
@@ -596,7 +601,7 @@ def test_cli_passes_the_selection_prints_the_summary_and_fails_on_a_failure(monk
     assert "  done     a (1m01s)" in out and " b " not in out  # skipped ones are only counted
     assert seen["preset"] == "smoke" and seen["paper"] == "fedselect" and seen["only"] == "s2"
     assert seen["notebooks"] is False and seen["progress"] is False and seen["overrides"] == ["seeds=1"]
-    monkeypatch.setattr(rp, "reproduce", lambda preset, **kw: [rp.Outcome("a", rp.SKIPPED, "up to date")])
+    monkeypatch.setattr(rp, "reproduce", lambda preset, **kw: [oc.Outcome("a", oc.SKIPPED, "up to date")])
     assert main(["reproduce", "--preset", "smoke", "--quiet"]) == 0
 
 
@@ -613,13 +618,13 @@ def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
     stale = tmp_path / "notebooks" / "fedl2p" / "02_label_shift" / "run"  # what its previous execution left
     stale.mkdir(parents=True)
     (tmp_path / "notebooks" / "fedl2p" / "01_method").mkdir()
-    o = rp.run_notebook("fedl2p", "02_label_shift.ipynb", "smoke", tmp_path, params)
+    o = nr.run_notebook("fedl2p", "02_label_shift.ipynb", "smoke", tmp_path, params)
     assert not stale.parent.exists() and (tmp_path / "notebooks" / "fedl2p" / "01_method").exists()
     assert o.status == "done" and o.name == "notebooks/fedl2p/02_label_shift.ipynb"
     (preset, folder, out, sent), kw = calls[0]
     assert (preset, folder, sent) == ("smoke", "fedl2p", {"results_root": "/r"})
     assert kw == {"only_names": ["02_label_shift.ipynb"], "figures_dir": None}  # smoke: not the repo's figures/
-    run_notebook_cpu = rp.run_notebook("fedl2p", "02_label_shift.ipynb", "cpu", tmp_path, params)
+    run_notebook_cpu = nr.run_notebook("fedl2p", "02_label_shift.ipynb", "cpu", tmp_path, params)
     assert run_notebook_cpu.status == "done" and calls[1][1]["figures_dir"] == figures_root()
 
     class CellError(Exception):  # what papermill raises: the failing cell's exception name and value
@@ -629,32 +634,32 @@ def test_notebooks_get_only_the_parameters_they_declare(monkeypatch, tmp_path):
         raise CellError("cell 3")
 
     monkeypatch.setattr(nbs, "run_notebooks", boom)
-    o = rp.run_notebook("pfedvem", "x.ipynb", "smoke", tmp_path, params)
+    o = nr.run_notebook("pfedvem", "x.ipynb", "smoke", tmp_path, params)
     assert (o.status, o.reason) == ("not run", "data missing: dataset 'sun397'")
     CellError.ename, CellError.evalue = "ValueError", "bad\n  value"
-    o = rp.run_notebook("pfedvem", "x.ipynb", "smoke", tmp_path, params)
+    o = nr.run_notebook("pfedvem", "x.ipynb", "smoke", tmp_path, params)
     assert (o.status, o.reason) == ("failed", "ValueError: bad value")
 
 
 def test_batch_runs_the_selected_papers_notebooks_after_the_experiments(batch, monkeypatch):
     order = []
-    monkeypatch.setattr(rp, "_safe_notebook_jobs", lambda outcomes: [("tiny", "a.ipynb"), ("other", "b.ipynb")])
+    monkeypatch.setattr(nr, "_safe_notebook_jobs", lambda outcomes: [("tiny", "a.ipynb"), ("other", "b.ipynb")])
     def run_one(cfg, *a, **kw):
         order.append(cfg.name)
         if cfg.name == "tiny_cifar100":  # stale each batch, yet nothing it writes changes
-            return rp.Outcome(cfg.name, rp.NOT_RUN, "data missing: cifar100")
-        return rp.Outcome(cfg.name, rp.DONE)
+            return oc.Outcome(cfg.name, oc.NOT_RUN, "data missing: cifar100")
+        return oc.Outcome(cfg.name, oc.DONE)
 
     monkeypatch.setattr(rp, "run_one", run_one)
 
     def notebook(folder, name, preset, work, params):
         order.append(f"{folder}/{name}")
         assert params["results_root"] == str(Path(batch["kw"]["work_dir"]).resolve())
-        return rp.Outcome(f"notebooks/{folder}/{name}", rp.DONE)
+        return oc.Outcome(f"notebooks/{folder}/{name}", oc.DONE)
 
     monkeypatch.setattr(rp, "run_notebook", notebook)
     inputs = {"text": "v1"}  # stands for the notebook's text (the real key also hashes the code and results)
-    monkeypatch.setattr(rp, "_notebook_key", lambda folder, name, preset, code, compacts:
+    monkeypatch.setattr(nr, "_notebook_key", lambda folder, name, preset, code, compacts:
                         f"{inputs['text']} {folder}/{name} {[(c.name, c.exists() and c.stat().st_mtime_ns) for c in compacts]}")
     kw = {**batch["kw"], "notebooks": True}
     out = by_name(rp.reproduce("smoke", force=True, only="tiny_digits", **kw))
@@ -668,7 +673,7 @@ def test_batch_runs_the_selected_papers_notebooks_after_the_experiments(batch, m
     inputs["text"] = "v2"  # the notebook changed: it runs again, the experiment does not
     out = by_name(rp.reproduce("smoke", only="tiny_digits", **kw))
     assert order[2:] == ["tiny/a.ipynb"] and out["tiny_digits"].status == "skipped"
-    done = json.loads((Path(batch["kw"]["work_dir"]) / "notebooks" / rp.NOTEBOOKS_DONE).read_text())
+    done = json.loads((Path(batch["kw"]["work_dir"]) / "notebooks" / nr.NOTEBOOKS_DONE).read_text())
     assert set(done) == {"tiny/a.ipynb"} and set(done["tiny/a.ipynb"]) == {"key", "seconds"}  # seconds: the estimate
     # the whole paper: tiny_cifar100 is tried again and not run; the notebook's inputs did not change
     out = by_name(rp.reproduce("smoke", **kw))
@@ -684,7 +689,7 @@ def test_progress_estimate_uses_each_experiments_last_time(tmp_path):
     assert rp._estimate(compact, {"x": {"seconds": 4.0}}, "x") == 12.5
     compact.write_text(json.dumps({"timing": {"wall_seconds": 12.5, "total_seconds": 300.0}}))  # resumed
     assert rp._estimate(compact, {"x": {"seconds": 4.0}}, "x") == 300.0
-    assert rp._duration(3725) == "1h02m05s" and rp._duration(65) == "1m05s" and rp._duration(4) == "4s"
+    assert oc._duration(3725) == "1h02m05s" and oc._duration(65) == "1m05s" and oc._duration(4) == "4s"
     # a job without a known time weighs the median of the known ones; none known: the bar counts jobs
     assert rp._weights([None, 10.0, 30.0, None]) == [20.0, 10.0, 30.0, 20.0]
     assert rp._weights([None, None]) == [1.0, 1.0] and rp._weights([]) == []
@@ -700,7 +705,7 @@ def test_a_table_without_any_number_lists_its_rows_without_an_empty_matrix():
 
 def test_notebook_key_follows_the_results_of_its_paper(tmp_path):
     compact = tmp_path / "fedselect_table1_s2.json"
-    key = lambda code=None: rp._notebook_key("fedselect", "01_fedselect.ipynb", "smoke", code, [compact])  # noqa: E731
+    key = lambda code=None: nr._notebook_key("fedselect", "01_fedselect.ipynb", "smoke", code, [compact])  # noqa: E731
     missing = key()
     compact.write_text(json.dumps({"fingerprint": {"config": "a", "code": None}, "methods": {}}))
     first = key()
@@ -760,8 +765,8 @@ def test_the_batch_summary_names_a_finite_blow_up(batch, tmp_path, monkeypatch):
     res["methods"][label]["acc_mean"] = best / 4
     monkeypatch.setattr(pflkit.run.runner, "run_experiment", lambda *a, **kw: res)
     cfg = resolve(batch["catalog"] / "tiny" / "tiny_digits.toml", "smoke")
-    out = rp.run_one(cfg, tmp_path / "work", tmp_path / "tiny_digits.json", code=None)
-    assert (out.status, out.reason) == (rp.DONE, f"status {label}: diverged")
+    out = wf.run_one(cfg, tmp_path / "work", tmp_path / "tiny_digits.json", code=None)
+    assert (out.status, out.reason) == (oc.DONE, f"status {label}: diverged")
     assert json.loads((tmp_path / "tiny_digits.json").read_text())["methods"][label]["status"] == "ok"
 
 
@@ -811,19 +816,19 @@ def test_a_stage_is_taken_only_with_the_same_settings_code_and_data(tmp_path, mo
     assert set(_batch(tmp_path, catalog, "tiny_b")["reused"]) == {"Global"}
     donor = tmp_path / "work" / "tiny_a"
     # a donor made by other code gives the stages whose behaviour (micro-run) is the same, and no other
-    marker = json.loads((donor / rp.MARKER).read_text())
+    marker = json.loads((donor / wf.MARKER).read_text())
     other = {"pflkit": "0", "source": "other"}
-    (donor / rp.MARKER).write_text(json.dumps({**marker, "code": other}))
+    (donor / wf.MARKER).write_text(json.dumps({**marker, "code": other}))
     shutil.rmtree(tmp_path / "work" / "tiny_b")  # tiny_b starts afresh (force: its result is up to date)
     assert set(_batch(tmp_path, catalog, "tiny_b", force=True)["reused"]) == {"Global"}
     changed = {**marker["stages"], "Global": "0" * 16}
-    (donor / rp.MARKER).write_text(json.dumps({**marker, "code": other, "stages": changed}))
+    (donor / wf.MARKER).write_text(json.dumps({**marker, "code": other, "stages": changed}))
     shutil.rmtree(tmp_path / "work" / "tiny_b")
     assert "reused" not in _batch(tmp_path, catalog, "tiny_b", force=True)
-    (donor / rp.MARKER).write_text(json.dumps({**marker, "code": other, "stages": None}))
+    (donor / wf.MARKER).write_text(json.dumps({**marker, "code": other, "stages": None}))
     shutil.rmtree(tmp_path / "work" / "tiny_b")
     assert "reused" not in _batch(tmp_path, catalog, "tiny_b", force=True)  # no fingerprints: nothing
-    (donor / rp.MARKER).write_text(json.dumps(marker))
+    (donor / wf.MARKER).write_text(json.dumps(marker))
     # a donor that read other data files: the runner refuses the seeded folder and the run starts over
     run = json.loads((donor / "run.json").read_text())
     run["fingerprint"]["data"]["files"] = [{"bytes": 1, "sha256": "0" * 64}]
@@ -897,14 +902,14 @@ def test_other_code_that_computes_the_same_stales_nothing_and_a_changed_stage_re
     kw = dict(only="tiny_a", results_dir=tmp_path / "results", work_dir=tmp_path / "work", catalog=catalog,
               notebooks=False, progress=False)
     monkeypatch.setattr(rp, "code_version", lambda package=None: {"pflkit": "0", "source": "f" * 16})
-    assert by_name(rp.reproduce("smoke", **kw))["tiny_a"].status == rp.SKIPPED
+    assert by_name(rp.reproduce("smoke", **kw))["tiny_a"].status == oc.SKIPPED
     seed = tmp_path / "work" / "tiny_a" / "seed0"
     before = {p.name: p.stat().st_mtime_ns for p in seed.glob("*.json")}
     real = bh.BehaviourCache.behaviour
     monkeypatch.setattr(bh.BehaviourCache, "behaviour", lambda self, *a, **k: {
         **real(self, *a, **k), "FT (BN C)": "0" * 16})
     out = by_name(rp.reproduce("smoke", **kw))["tiny_a"]
-    assert out.status == rp.DONE
+    assert out.status == oc.DONE
     after = {p.name: p.stat().st_mtime_ns for p in seed.glob("*.json")}
     assert after["global.json"] == before["global.json"] and after["ft-bn-c.json"] != before["ft-bn-c.json"]
     again = json.loads((tmp_path / "results" / "smoke" / "tiny_a.json").read_text())

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pflkit.batch import outcomes as oc
+from pflkit.batch import selection as sel
+from pflkit.batch import versions as ver
 from pflkit.batch import reproduce as rp
 from pflkit.batch.behaviour import BehaviourCache
 from pflkit.cli import main
@@ -33,7 +36,7 @@ def committed(tmp_path_factory):
     catalog = write_catalog(root / "catalog")
     kw = dict(results_dir=root / "results", work_dir=root / "work", catalog=catalog, notebooks=False, progress=False)
     (outcome,) = rp.reproduce("smoke", **kw)
-    assert outcome.status == rp.DONE, outcome
+    assert outcome.status == oc.DONE, outcome
     return (root / "results" / "smoke" / "tiny_ft.json").read_text()
 
 
@@ -96,7 +99,7 @@ def test_a_stale_stage_is_rerun_and_every_other_stage_kept(setup):
     fresh = json.loads(path.read_text())
     old = _edit(path, _stale)
     (outcome,) = restage(["FT (BN C)"], "smoke", **kw)
-    assert outcome.status == rp.DONE, outcome
+    assert outcome.status == oc.DONE, outcome
     assert "FT (BN C) 0.00 ->" in outcome.reason and "Global reproduced" in outcome.reason
     new = json.loads(path.read_text())
     # the rerun stage is what a whole run gives (every draw is seeded): it started from the same Global
@@ -107,12 +110,12 @@ def test_a_stale_stage_is_rerun_and_every_other_stage_kept(setup):
     assert new["restaged"][-1]["stages"] == ["FT (BN C)"]
     assert new["restaged"][-1]["upstream_reproduced"] == ["Global"]
     # the batch now takes it as up to date, and a second restage skips it
-    code = rp.code_version()
-    outcomes, todo = rp.plan("smoke", rp.select(root=kw["catalog"]), kw["results_dir"], [], code, False,
+    code = ver.code_version()
+    outcomes, todo = sel.plan("smoke", sel.select(root=kw["catalog"]), kw["results_dir"], [], code, False,
                              BehaviourCache(kw["results_dir"], code))
     assert not todo and outcomes[0].reason == "up to date"
     (again,) = restage(["FT (BN C)"], "smoke", **kw)
-    assert again.status == rp.SKIPPED
+    assert again.status == oc.SKIPPED
     assert "Rerun alone" in build_report(kw["results_dir"], catalog=kw["catalog"])
 
 
@@ -125,7 +128,7 @@ def test_an_upstream_that_does_not_reproduce_leaves_the_result_untouched(setup):
     _edit(path, other_global)
     before = path.read_bytes()
     (outcome,) = restage(["FT (BN C)"], "smoke", **kw)
-    assert outcome.status == rp.FAILED and outcome.reason.startswith("Global: ")
+    assert outcome.status == oc.FAILED and outcome.reason.startswith("Global: ")
     assert "rerun it whole" in outcome.reason
     assert path.read_bytes() == before
 
@@ -134,14 +137,14 @@ def test_a_changed_setting_of_the_stage_rerun_is_taken_any_other_refused(setup, 
     path, kw = setup
     write_catalog(kw["catalog"], epochs=2)  # FT (BN C)'s own setting changed
     (outcome,) = restage(["FT (BN C)"], "smoke", **kw)
-    assert outcome.status == rp.DONE, outcome
+    assert outcome.status == oc.DONE, outcome
     res = json.loads(path.read_text())
     assert res["config"]["methods"][0]["epochs"] == 2
     assert config_digest(res["config"]) == res["fingerprint"]["config"]
     write_catalog(kw["catalog"], rounds=2, epochs=2)  # the upstream's setting changed: the row must be rerun whole
     before = path.read_bytes()
     (outcome,) = restage(["FT (BN C)"], "smoke", force=True, **kw)
-    assert outcome.status == rp.NOT_RUN and "rerun it whole" in outcome.reason
+    assert outcome.status == oc.NOT_RUN and "rerun it whole" in outcome.reason
     assert path.read_bytes() == before
 
 
@@ -158,8 +161,8 @@ def test_a_run_that_raises_is_one_failed_row_and_leaves_the_result(setup, monkey
         raise RuntimeError("a stage crashed")
     monkeypatch.setattr(pflkit.run.runner, "run_experiment", broken)
     cfg = resolve(kw["catalog"] / "tiny" / "tiny_ft.toml", "smoke")
-    outcome = restage_one(cfg, kw["work_dir"] / "tiny_ft", path, ["FT (BN C)"], code=rp.code_version())
-    assert outcome.status == rp.FAILED and "a stage crashed" in outcome.reason
+    outcome = restage_one(cfg, kw["work_dir"] / "tiny_ft", path, ["FT (BN C)"], code=ver.code_version())
+    assert outcome.status == oc.FAILED and "a stage crashed" in outcome.reason
     assert path.read_bytes() == before
 
 
@@ -183,12 +186,12 @@ def test_a_row_made_with_avx2_is_rerun_on_avx2_paths_only_where_the_cpu_has_more
 
 
 def test_only_an_unrecorded_row_that_did_not_reproduce_gets_a_try_on_avx2():
-    failed = rp.Outcome("x", rp.FAILED, "Global: 1.00 -> 2.00 did not reproduce, so the committed row is kept")
+    failed = oc.Outcome("x", oc.FAILED, "Global: 1.00 -> 2.00 did not reproduce, so the committed row is kept")
     assert retry_on_avx2(failed, True, "AVX512")
     assert not retry_on_avx2(failed, False, "AVX512")  # its record says what it was made on
     assert not retry_on_avx2(failed, True, "AVX2")  # nothing other to try here
-    assert not retry_on_avx2(rp.Outcome("x", rp.FAILED, "RuntimeError: out of memory"), True, "AVX512")
-    assert not retry_on_avx2(rp.Outcome("x", rp.DONE, "FT (BN C) 1.00 -> 2.00 (Global reproduced)"), True, "AVX512")
+    assert not retry_on_avx2(oc.Outcome("x", oc.FAILED, "RuntimeError: out of memory"), True, "AVX512")
+    assert not retry_on_avx2(oc.Outcome("x", oc.DONE, "FT (BN C) 1.00 -> 2.00 (Global reproduced)"), True, "AVX512")
 
 
 def _capability() -> str:

@@ -1,7 +1,7 @@
 """A fingerprint per stage that follows what the stage computes, not the text of the code that computes it.
 
 A committed result goes stale when its numbers would change. The digest of every run module
-(`pflkit.batch.reproduce.code_version`) changes with any edit -- a refactor, a moved function, a faster engine that
+(`pflkit.batch.versions.code_version`) changes with any edit -- a refactor, a moved function, a faster engine that
 gives the same numbers -- and would make every result stale at once. A stage's fingerprint instead is
 
 * its settings: data, model, the stage's own settings and those of the stage it starts from

@@ -25,7 +25,7 @@ question for the exact derivative, which this module also computes.
   lambda of a FedL2P stage checkpoint (`checkpoint_lambda`); ``pflkit check-hypergradient``
   prints it.
 
-Not run code (`pflkit.batch.reproduce.NOT_RUN_CODE`): a run never imports this module, and it
+Not run code (`pflkit.batch.versions.NOT_RUN_CODE`): a run never imports this module, and it
 writes nothing into a run's folder.
 """
 from __future__ import annotations

@@ -26,10 +26,21 @@ import dataclasses
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
-from pflkit.batch.behaviour import untimed
+import torch
+
+from pflkit.batch.behaviour import BehaviourCache, stage_fingerprints, untimed
+from pflkit.batch.outcomes import DONE, FAILED, NOT_RUN, SKIPPED, Outcome, one_line
+from pflkit.batch.pool import in_turn
+from pflkit.batch.selection import select
+from pflkit.batch.versions import code_version, config_hash
+from pflkit.batch.work_folder import MARKER
+from pflkit.data.base import DatasetNotFoundError
 from pflkit.io import read_json, write_json
+from pflkit.report.compact import compact_path, compact_result, config_digest
+from pflkit.run.experiments import resolve
 
 __all__ = ["stage_chain", "restage_one", "restage", "upstream_mismatch", "splice", "worker_paths",
            "retry_on_avx2"]
@@ -111,8 +122,6 @@ def _with_methods(config: dict, methods: dict[str, dict], labels) -> dict:
 def other_settings_match(committed: dict, config: dict, labels) -> bool:
     """Whether the resolved configuration ``config`` (``ExperimentConfig.to_dict()``) is the committed one
     but for the settings of the methods ``labels`` (the stages being rerun: their own settings may change)."""
-    from pflkit.report.compact import config_digest
-
     ours = json.loads(json.dumps(config, default=str))
     theirs = {m["label"]: m for m in ours["methods"]}
     return config_digest(_with_methods(committed, theirs, labels)) == config_digest(ours)
@@ -128,13 +137,9 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
                 data_root=None, download: bool = False):
     """Train the stages ``labels`` of experiment ``cfg`` again with their upstream chain in ``folder`` and
     splice them into the compact result ``compact`` when the chain reproduces it (module docstring).
-    Returns a `pflkit.batch.reproduce.Outcome`; the committed result is written only when it is ``done`` (a run that
+    Returns a `pflkit.batch.outcomes.Outcome`; the committed result is written only when it is ``done`` (a run that
     raises comes back as ``failed`` with the error, or ``not run`` when its data are missing)."""
-    import torch
-
-    from pflkit.data.base import DatasetNotFoundError
-    from pflkit.batch.reproduce import DONE, FAILED, MARKER, NOT_RUN, SKIPPED, Outcome, _one_line, config_hash
-    from pflkit.report.compact import compact_result, config_digest
+    # reuse and the runner load every algorithm and dataset: only a worker that reruns stages needs them
     from pflkit.batch.reuse import fingerprinted_config, stage_upstreams
     from pflkit.run.runner import RunMismatchError, holds_a_run, run_experiment
 
@@ -165,7 +170,7 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
     except DatasetNotFoundError as e:
         return Outcome(cfg.name, NOT_RUN, f"data missing: {e.name}", time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - one failed row must not stop the batch; the committed result stays
-        return Outcome(cfg.name, FAILED, _one_line(e), time.perf_counter() - t0)
+        return Outcome(cfg.name, FAILED, one_line(e), time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     new = compact_result(results, folder, cfg_hash=config_hash(sub), code=code)
     differs = upstream_mismatch(committed, new, upstream)
@@ -193,15 +198,6 @@ def restage(labels, preset: str = "cpu", *, paper: str | None = None, only: str 
     """`restage_one` for every selected experiment whose committed result holds one of ``labels``, ``jobs``
     at a time; a result whose stages' behavioural fingerprints already match this code is skipped (unless
     ``force``), so a stopped batch picks up where it stopped. Work folders: ``work_dir/_stages/<name>``."""
-    from functools import partial
-
-    import torch
-
-    from pflkit.batch.behaviour import BehaviourCache, stage_fingerprints
-    from pflkit.run.experiments import resolve
-    from pflkit.batch.reproduce import FAILED, SKIPPED, Outcome, code_version, select
-    from pflkit.report.compact import compact_path
-
     labels = [str(label) for label in labels]
     if not labels or any(not label.strip() for label in labels):
         raise ValueError(f"--stages needs stage labels, got {labels!r}")
@@ -255,17 +251,13 @@ def _run_group(paths: tuple, calls, jobs: int):
     has one intra-op thread, as the batch's workers on a machine with as many cores as jobs and the behavioural
     micro-runs: a reduction split over more threads rounds differently (an evaluation loss then differs in its
     last digit, and the upstream check fails on it)."""
-    from pflkit.batch.reproduce import _in_turn
-
     with _environment(dict(paths)):  # the workers start on these code paths, this process keeps its own
-        return list(_in_turn(calls, jobs, processes=True, ordered=True, threads=1, in_process=False))
+        return list(in_turn(calls, jobs, processes=True, ordered=True, threads=1, in_process=False))
 
 
 def retry_on_avx2(outcome, unrecorded: bool, native: str) -> bool:
     """Whether a row rerun on this CPU's own code paths gets one more try on the AVX2 paths: its upstream did
     not reproduce, the result does not say what it was made on (``unrecorded``) and this CPU has AVX512."""
-    from pflkit.batch.reproduce import FAILED
-
     return unrecorded and native.startswith("AVX512") and outcome.status == FAILED and UNREPRODUCED in outcome.reason
 
 

@@ -141,8 +141,8 @@ def seed_from_donors(cfg, folder: Path, *, code, marker: str, keep_states: bool 
 
     The donor's data record goes into ``folder``'s ``run.json`` together with ``cfg``'s settings, so the
     runner resumes the folder only when it reads the same data files. ``marker``: the file name of the
-    batch's record of each folder's configuration and code (`pflkit.batch.reproduce.MARKER`). ``keep_states``:
-    a stage is taken only with its final states (the notebooks of `pflkit.batch.reproduce.KEEP_STATES` read them).
+    batch's record of each folder's configuration and code (`pflkit.batch.work_folder.MARKER`). ``keep_states``:
+    a stage is taken only with its final states (the notebooks of `pflkit.report.papers.KEEP_STATES` read them).
     ``stages``: ``cfg``'s behavioural stage fingerprints (`pflkit.batch.behaviour.stage_fingerprints`); a donor made
     by other code gives the stages whose fingerprint it recorded equal to these.
     """

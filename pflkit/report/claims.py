@@ -3,7 +3,7 @@
 Each paper's claims are small pure functions in its own package (``pflkit.report.<paper>.claims``), built
 from what is here; `pflkit.report.papers.check_all` runs every paper's.
 
-A claim function takes ``{experiment name: compact result}`` (`pflkit.batch.reproduce.compact_result`,
+A claim function takes ``{experiment name: compact result}`` (`pflkit.report.compact.compact_result`,
 the files under ``results/<preset>/``) and returns a `ClaimResult`: ``holds``, ``fails``,
 ``inconclusive``, ``budget-limited`` or ``not run`` (the experiments or methods it needs have no
 usable result), with the paper's number, ours, the 95% interval the verdict was read from and a

@@ -3,7 +3,7 @@
 `compact_result` keeps what the reproduction report (`pflkit.report.reproduction`) and the claim
 checks (`pflkit.report.claims`) read: per method the summary, per-seed and per-client accuracies and
 the published number; the per-round history; the resolved config and declared deviations; the code
-version (`pflkit.batch.reproduce.code_version`) and configuration digest the batch compares to skip it;
+version (`pflkit.batch.versions.code_version`) and configuration digest the batch compares to skip it;
 the data files' names, sizes and sha256 (no machine's folders); and a short form of each method's
 per-seed report (FedL2P's beta and sparsity per client, the ARI of Table 6). No checkpoints or weights.
 The batch adds ``reused`` when the run took finished stages from another experiment's identical run

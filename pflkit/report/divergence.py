@@ -16,7 +16,7 @@ Both of two signs are required, because either alone misleads:
   same run. Alone it is not enough either: a method may simply not learn (a result, not a divergence).
 
 The rule reads the stored history only, so it applies to results made before it existed; it lives
-in the report, which does not change a run's code version (`pflkit.batch.reproduce.NOT_RUN_CODE`).
+in the report, which does not change a run's code version (`pflkit.batch.versions.NOT_RUN_CODE`).
 """
 from __future__ import annotations
 
