@@ -245,7 +245,8 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     """
     from pflkit.data.base import DatasetNotFoundError
     from pflkit.batch.reuse import seed_from_donors
-    from pflkit.run.runner import RunMismatchError, run_experiment
+    from pflkit.run.folder import RunMismatchError
+    from pflkit.run.runner import run_experiment
 
     weights = _missing_weights(cfg)
     if weights:
@@ -334,7 +335,7 @@ def _invocation(path: Path, calls: dict, cfg) -> Iterator[None]:
     leaves its entry): when it started, the GPU's name or the CPU's vector instructions
     (`pflkit.run.runner.device_info`), and, when it returns or raises, its wall seconds. A run resumed on other
     hardware then names every machine it ran on, not only the last one (``environment``)."""
-    from pflkit.run.runner import device_info
+    from pflkit.run.environment import device_info
 
     info = device_info(cfg)
     entry = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

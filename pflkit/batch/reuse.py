@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pflkit.algorithms import get_algorithm
 from pflkit.io import read_json, slug, write_json
-from pflkit.run.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
+from pflkit.run.folder import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
 
 __all__ = ["stage_keys", "stage_upstreams", "stage_files", "seed_from_donors", "fingerprinted_config"]
 

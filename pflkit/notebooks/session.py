@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pflkit.data.datasets import DATASET_NAMES, dataset_name
+from pflkit.run.experiments import PRESETS
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,8 @@ def budget_standin(cfg, model: str = BUDGET_STANDIN[0], option: str = BUDGET_STA
 
 def resolve_device(device: str = "auto") -> str:
     """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; an unavailable device is an error."""
-    from pflkit.run.experiments import check_device
-    from pflkit.run.runner import resolve_device as resolve
+    from pflkit.run.environment import resolve_device as resolve
+    from pflkit.run.experiment_config import check_device
 
     check_device(device)
     return str(resolve(device))
@@ -151,7 +152,7 @@ class Session:
         from pflkit.report.committed import MissingResultError, read_committed, total_training_time
 
         rows = []
-        for preset in ("smoke", "cpu", "paper"):
+        for preset in PRESETS:
             try:
                 found = [read_committed(n, preset, self.results_dir if preset == self.preset else None)
                          for n in names]
@@ -179,7 +180,8 @@ class Session:
         if folder != self.out / name:
             print(f"{name}: results read from {folder}")
             return read_json(folder / "results.json")
-        from pflkit.run.runner import RunMismatchError, run_experiment
+        from pflkit.run.folder import RunMismatchError
+        from pflkit.run.runner import run_experiment
 
         # re-executing a cell continues (or reuses) the run in `folder`; other settings start it over
         cfg, kwargs = self.resolve(name, *overrides), dict(data_root=self.data_root, download=self.download,
@@ -200,7 +202,7 @@ class Session:
         else trained here (`pflkit.run.stages.train_method`, with ``env``). Returns a `StageResult`.
         """
         from pflkit.io import read_json
-        from pflkit.run.runner import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
+        from pflkit.run.folder import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
         from pflkit.run.stages import train_method
 
         folder = self.run_dir(exp.name, results_root)
@@ -332,8 +334,8 @@ def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: st
     """
     import torch
 
-    if preset not in ("smoke", "cpu", "paper"):
-        raise ValueError(f"preset={preset!r}: must be smoke, cpu or paper")
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r}: must be {', '.join(PRESETS[:-1])} or {PRESETS[-1]}")
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: must be one of {', '.join(SOURCES)}")
     if source == "results":
