@@ -1,4 +1,4 @@
-"""The run folder: its fingerprint, the lock-step rules for resuming or replacing a run, and the kept states.
+"""The run folder: its fingerprint, the rules for resuming or replacing a run in it, and the kept states.
 
 A folder holds one run. `fingerprint` is what its numbers depend on (the resolved config less
 `NOT_FINGERPRINTED`, the data files, a dataset's or federation's own digest, a weights file);

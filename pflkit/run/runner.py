@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from pflkit import kernels
+from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.federation import Federation, federation_for
@@ -108,6 +109,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, *, data_root=None, do
     accuracy; ``acc_std`` is the standard deviation over seeds).
     """
     out = Path(out)
+    if trainer is not None and engine != "auto":
+        raise ConfigError(f"run_experiment: engine={engine!r} and a trainer; give the engine to the trainer "
+                          "(Trainer(engine=...)) instead")
     trainer = trainer if trainer is not None else Trainer(engine=engine)
     if keep_states:
         trainer = dataclasses.replace(trainer, train=keeping_states(trainer.train))
