@@ -28,7 +28,7 @@ STEPS = {
     "flwr": "import flwr.supernode.runtime.run_clientapp",
     "pflkit app": "import flwr.supernode.runtime.run_clientapp; import pflkit.flower.app",
     "data": ("import flwr.supernode.runtime.run_clientapp; import pflkit.flower.app\n"
-             "from pflkit.experiments import resolve\n"
+             "from pflkit.run.experiments import resolve\n"
              "from pflkit.flower.runtime import runtime, settings_for\n"
              "s = settings_for(resolve({experiment!r}, {preset!r}, [{overrides!r}] if {overrides!r} else []))\n"
              "runtime(s['experiment-json'], s['preset'], '', 0)"),

@@ -5,7 +5,7 @@ one local epoch, then every client's test split), four engines, each in its own 
 process started by this script, one after another:
 
 * ``plain``: a hand-written PyTorch loop (load, SGD epoch, weighted average) - the floor;
-* ``pflkit``: ``pflkit.runner.run_experiment`` (the round loop, results files);
+* ``pflkit``: ``pflkit.run.runner.run_experiment`` (the round loop, results files);
 * ``flower``: ``pflkit.flower.run_flower`` (``flwr.simulation.run_simulation``, Ray actors);
 * ``flower_app``: a hand-written Flower app with Flower's own FedAvg strategy and a plain
   training ClientApp: what pflkit on Flower should not be slower than.
@@ -49,11 +49,11 @@ def experiment(a) -> dict:
 
 def _federation(a):
     from pflkit.data.datasets import load_dataset
-    from pflkit.experiments import resolve
-    from pflkit.flower.runtime import build_seed_federation
+    from pflkit.run.experiments import resolve
+    from pflkit.fl.federation import federation_for
 
     cfg = resolve(experiment(a), "cpu")
-    return cfg, build_seed_federation(cfg, load_dataset(a.dataset, a.data_root or None), cfg.seed)
+    return cfg, federation_for(cfg.data, load_dataset(a.dataset, a.data_root or None), cfg.seed)
 
 
 def _sgd_epoch(model, client, batch_size, lr, gen):
@@ -116,8 +116,8 @@ def _lenet(fed):
 def run_pflkit(a) -> dict:
     import torch
 
-    from pflkit.experiments import resolve
-    from pflkit.runner import run_experiment
+    from pflkit.run.experiments import resolve
+    from pflkit.run.runner import run_experiment
 
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as out:
@@ -127,7 +127,7 @@ def run_pflkit(a) -> dict:
 
 
 def run_flower_engine(a) -> dict:
-    from pflkit.experiments import resolve
+    from pflkit.run.experiments import resolve
     from pflkit.flower.simulation import run_flower
 
     with tempfile.TemporaryDirectory() as out:

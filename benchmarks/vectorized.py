@@ -83,12 +83,13 @@ def prepare(a, model: str, per_round: int):
     """(algorithm, its config, federation, env) of the workload, built once for every engine."""
     from pflkit.algorithms import get_algorithm
     from pflkit.data.datasets import load_dataset
-    from pflkit.experiments import resolve
-    from pflkit.runner import build_seed_federation, make_env
+    from pflkit.run.experiments import resolve
+    from pflkit.fl.federation import federation_for
+    from pflkit.run.environment import make_env
 
     cfg = resolve(workload(a, model, per_round), "cpu", [f"device={a.device}"] if a.device != "auto" else [])
     data = a.dataset or WORKLOADS[a.workload]["dataset"]
-    fed = build_seed_federation(cfg, load_dataset(data, a.data_root or None), cfg.seed)
+    fed = federation_for(cfg.data, load_dataset(data, a.data_root or None), cfg.seed)
     stage = cfg.methods[0]
     return get_algorithm(stage.algorithm), stage.config, fed, make_env(cfg, fed, cfg.seed)
 

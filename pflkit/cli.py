@@ -7,10 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from pflkit.config import ConfigError
-
-# pflkit.fl.engines.ENGINES, spelled out so that the parser does not import torch (a test checks they agree)
-ENGINES = ("auto", "sequential", "threads", "vectorized")
+from pflkit.config import ENGINES, ConfigError
+from pflkit.run.experiments import PRESETS
 
 
 def _cmd_list(args) -> int:
@@ -92,7 +90,7 @@ def finished_run(cfg, out: Path, data_root=None) -> dict | None:
     from pflkit.data.datasets import load_dataset
     from pflkit.io import read_json
     from pflkit.run.pretraining import load_pretrain_data
-    from pflkit.run.runner import RUN_FILE, fingerprint, fingerprint_hash
+    from pflkit.run.folder import RUN_FILE, fingerprint, fingerprint_hash
 
     if not ((out / "results.json").is_file() and (out / RUN_FILE).is_file()):
         return None
@@ -256,7 +254,7 @@ def _cmd_pack(args) -> int:
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="cpu", choices=["smoke", "cpu", "paper"], help="sizes (default: cpu)")
+    p.add_argument("--preset", default="cpu", choices=PRESETS, help="sizes (default: cpu)")
     p.add_argument("--seed", type=int, help="first seed (default: the experiment's)")
     p.add_argument("--seeds", type=int, help="number of seeds (seed, seed+1, ...)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
@@ -290,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(p)
     p.set_defaults(fn=lambda a: _run("demo", a))
     p = sub.add_parser("notebooks", help="execute notebooks with papermill")
-    p.add_argument("--preset", default="smoke", choices=["smoke", "cpu", "paper"])
+    p.add_argument("--preset", default="smoke", choices=PRESETS)
     p.add_argument("--only", help="a subfolder of notebooks/, e.g. tutorials or fedl2p")
     p.add_argument("--out", default="notebooks_out", help="where executed copies go")
     p.add_argument("--data-root", help="folder with datasets (else $PFLKIT_DATA)")
@@ -306,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_notebooks)
     p = sub.add_parser("reproduce", help="every experiment in one resumable batch -> results/PRESET/*.json; "
                        "--report writes REPRODUCTION.md")
-    p.add_argument("--preset", choices=["smoke", "cpu", "paper"],
+    p.add_argument("--preset", choices=PRESETS,
                    help="sizes (default: cpu; with --report: every preset found)")
     p.add_argument("--paper", help="only this paper's experiments (fedl2p, pfedhn, fedselect, pfedvem, tutorials; "
                    "matrix: every method on every heterogeneity, then its table and heatmap)")
@@ -340,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "Hessian, the exact unrolled gradient)")
     p.add_argument("name", help="the catalog experiment (or .toml) the run was made from")
     p.add_argument("--run", required=True, help="the run's folder (pflkit run --out, or reproduce's --work/NAME)")
-    p.add_argument("--preset", default="cpu", choices=["smoke", "cpu", "paper"], help="the run's preset")
+    p.add_argument("--preset", default="cpu", choices=PRESETS, help="the run's preset")
     p.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
     p.add_argument("--clients", type=_positive_int, default=4, help="seen clients to check (default 4)")
     p.add_argument("--power-steps", type=_positive_int, default=50, help="Hessian-vector products of the power "

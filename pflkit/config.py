@@ -14,6 +14,11 @@ import typing
 from typing import Any, Mapping
 
 
+# the round engines of `pflkit.fl.engines` (how a round's client updates run in this process): named here, where
+# reading them imports no torch, so the command line's parser lists them from this one definition
+ENGINES = ("auto", "sequential", "threads", "vectorized")
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
 

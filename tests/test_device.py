@@ -47,6 +47,7 @@ import pflkit.run.runner as runner
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
 from pflkit.run.experiments import list_experiments, resolve
+from pflkit.run.trainer import Trainer, train_locally
 
 PFLKIT_DIR = Path(pflkit.__file__).resolve().parent
 ALLOWED = (PFLKIT_DIR / "data",)  # data loading: CPU tensors, moved to the device as batches are taken
@@ -111,7 +112,7 @@ def recording_engine(recorder: DevicelessFactories):
     """pflkit's own stage engine, with ``recorder`` active from the first phase to the last test."""
     def train(*args, **kwargs):
         with recorder:
-            return runner.train_locally(*args, **kwargs)
+            return train_locally(*args, **kwargs)
     return train
 
 
@@ -166,7 +167,7 @@ def run_recorded(name: str, device: str, tmp_path, data_root=None, per_class=Non
         monkeypatch.setattr(runner, "load_dataset", lambda *a, **k: shrink_dataset(load(*a, **k), per_class))
     recorder = DevicelessFactories()
     results = runner.run_experiment(cfg, tmp_path / name, data_root=data_root, progress=False,
-                                    train=recording_engine(recorder))
+                                    trainer=Trainer(train=recording_engine(recorder)))
     return results, recorder
 
 

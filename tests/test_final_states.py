@@ -6,7 +6,8 @@ import torch
 
 from pflkit.run.experiments import resolve
 from pflkit.fl.train import evaluate_model, set_state
-from pflkit.run.runner import final_states_path, load_final_states, run_experiment
+from pflkit.run.folder import final_states_path, load_final_states
+from pflkit.run.runner import run_experiment
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_kept_states_reproduce_the_reported_accuracies(kept):
     cfg, out, results = kept
     from pflkit.fl.federation import Federation
     from pflkit.data.datasets import load_dataset
-    from pflkit.run.runner import make_env
+    from pflkit.run.environment import make_env
 
     fed = Federation.load(out / "seed0" / "federation.npz", load_dataset(cfg.data.dataset))
     env = make_env(cfg, fed, 0)

@@ -181,16 +181,18 @@ def test_smoke_run_with_triton_kernels_equals_reference(name, tmp_path, request,
 
 def test_auto_device_resolves_to_cuda_and_the_run_uses_it(tmp_path):
     """``device=auto`` gives the run's Env a CUDA device, and the run's models train there."""
+    from pflkit.fl.federation import federation_for
     from pflkit.run import runner
+    from pflkit.run.environment import initial_model, make_env
     from pflkit.run.experiments import resolve
 
     cfg = resolve("demo", "smoke", ["device=auto", "pretrain.rounds=1", "methods.*.rounds=1"])
     assert cfg.device == "auto"
     dataset = runner.load_dataset(cfg.data.dataset, None, **cfg.data.options)
-    fed = runner.build_seed_federation(cfg, dataset, cfg.seed)
-    env = runner.make_env(cfg, fed, cfg.seed)
+    fed = federation_for(cfg.data, dataset, cfg.seed)
+    env = make_env(cfg, fed, cfg.seed)
     assert env.device.type == "cuda"
-    model = runner.initial_model(env)
+    model = initial_model(env)
     assert {p.device.type for p in model.parameters()} == {"cuda"}
     results = runner.run_experiment(cfg, tmp_path / "auto", progress=False)
     assert results["status"] == "ok"

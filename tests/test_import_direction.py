@@ -37,8 +37,10 @@ FORBIDDEN = {
     # generic meta-learning math: no federation, no client (FedL2P's client side is pflkit.algorithms.fedl2p_client)
     "pflkit.meta": ("pflkit.fl", "pflkit.algorithms", *ABOVE_ALGORITHMS),
     "pflkit.algorithms": ABOVE_ALGORITHMS,
-    # a run knows nothing of the batch over runs, the reports, the notebooks or the command line
-    "pflkit.run": ("pflkit.batch", "pflkit.report", "pflkit.analysis", "pflkit.notebooks", "pflkit.cli"),
+    # a run knows nothing of the batch over runs, the reports, the notebooks, the command line or Flower (whose
+    # trainer, pflkit.flower.serve.flower_trainer, is handed to the run)
+    "pflkit.run": ("pflkit.batch", "pflkit.report", "pflkit.analysis", "pflkit.notebooks", "pflkit.cli",
+                   "pflkit.flower"),
     "pflkit.batch": ("pflkit.notebooks.outputs", "pflkit.cli"),
     "pflkit.analysis": BELOW_NOTEBOOKS,
     "pflkit.report": BELOW_NOTEBOOKS,

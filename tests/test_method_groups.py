@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 
 from pflkit.config import ConfigError
-from pflkit.run.experiments import ClientGroup, resolve
+from pflkit.run.experiment_config import ClientGroup
+from pflkit.run.experiments import resolve
 
 GROUPS = ("S", "M", "L")
 ROWS = {"FedAvg": None, "Per-FedAvg (HF)": "Per-FedAvg (HF)", "pFedMe": "pFedMe", "LG-FedAvg": "LG-FedAvg"}
@@ -162,8 +163,8 @@ def test_a_grouped_method_is_the_method_trained_on_its_group(grouped_run):
     from pflkit.data.datasets import load_dataset
     from pflkit.fl.federation import Federation
     from pflkit.fl.train import set_state
-    from pflkit.run.runner import initial_model, make_env
-    from pflkit.run.runner import method_setting
+    from pflkit.run.environment import initial_model, make_env
+    from pflkit.run.stages import method_setting
     from pflkit.run.stages import train_method
 
     cfg, out, results = grouped_run
@@ -195,7 +196,7 @@ def test_the_whole_federation_methods_are_unchanged_by_grouped_ones(grouped_run,
 
 def test_group_settings_are_part_of_the_fingerprint():
     from pflkit.data.datasets import load_dataset
-    from pflkit.run.runner import fingerprint, fingerprint_hash
+    from pflkit.run.folder import fingerprint, fingerprint_hash
 
     ds = load_dataset("digits")
     raw = small(**copy.deepcopy(GROUPED))
@@ -208,10 +209,11 @@ def test_group_settings_are_part_of_the_fingerprint():
 
 
 def test_the_flower_engine_refuses_grouped_methods(tmp_path):
+    from pflkit.flower.serve import flower_trainer
     from pflkit.run.runner import run_experiment
 
     with pytest.raises(ConfigError, match=r"methods\.fedavg0: the flower engine cannot"):
-        run_experiment(resolve(small(**GROUPED), "cpu"), tmp_path, engine="flower", progress=False)
+        run_experiment(resolve(small(**GROUPED), "cpu"), tmp_path, trainer=flower_trainer(None), progress=False)
 
 
 # ----------------------------------------------------------------------------- the stand-in

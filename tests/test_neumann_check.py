@@ -29,7 +29,8 @@ from pflkit.meta.hypergrad import _grads, fomaml_plus, ift_hypergrad, leaves  # 
 from pflkit.meta.metanets import init_meta_params  # noqa: E402
 from pflkit.meta.objectives import lambda_step  # noqa: E402
 from pflkit.models import build_model  # noqa: E402
-from pflkit.run.runner import initial_model, make_env, run_experiment  # noqa: E402
+from pflkit.run.environment import initial_model, make_env
+from pflkit.run.runner import run_experiment  # noqa: E402
 from pflkit.run.stages import method_config  # noqa: E402
 
 SMALL = {"rounds": 1, "fraction": 1.0, "epochs": 1, "meta_iters": 1, "lr": 0.05, "batch_size": 16}

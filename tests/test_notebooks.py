@@ -318,7 +318,8 @@ def test_trained_reads_a_kept_run_of_the_same_settings_and_trains_otherwise(tmp_
     not read."""
     from pflkit.fl.federation import federation_for
     from pflkit.notebooks.session import setup
-    from pflkit.run.runner import make_env, run_experiment
+    from pflkit.run.environment import make_env
+    from pflkit.run.runner import run_experiment
     from pflkit.run.stages import train_method
     from tests.helpers_compare import assert_tree
 

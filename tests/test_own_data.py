@@ -23,7 +23,9 @@ from pflkit.fl.federation import Federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import set_state
 from pflkit.io import load_torch, read_json
-from pflkit.run.runner import RunMismatchError, initial_model, load_final_states, run_experiment
+from pflkit.run.environment import initial_model
+from pflkit.run.folder import RunMismatchError, load_final_states
+from pflkit.run.runner import run_experiment
 from pflkit.run.stages import env_for_model, train_algorithm
 
 MODEL = {"name": "digits_cnn", "options": {"channels": [4, 8, 8]}}
@@ -222,7 +224,7 @@ def test_run_experiment_takes_a_dataset_object_and_its_federation(tmp_path):
     (["data.dataset=digits"], {}, "data.dataset='digits': the dataset given is 'mine'"),
     (["data.num_clients=4"], {}, "data.num_clients=4: the federation given has 3 clients"),
     (["data.task=superclass"], {}, "data.task='superclass'"),
-    ([], {"engine": "flower"}, "the flower engine's nodes build their clients"),
+    ([], {"trainer": "flower"}, "the flower engine's nodes build their clients"),
     ([], {"dataset": "mine"}, "run_experiment(dataset=...): dataset '?': a str"),
     ([], {"federation": "fed"}, "run_experiment(federation=...): a str, not a Federation"),
     ([], {"no_val": True}, "clients [0, 1, 2] have no validation samples, but stage 'FedAvg' keeps its best"),
@@ -234,6 +236,10 @@ def test_a_given_dataset_or_federation_that_does_not_fit_fails_before_any_work(t
     if kwargs.pop("no_test", False):
         test[1] = []
     fed = Federation.from_indices(ds, train, test, None if kwargs.pop("no_val", False) else val)
+    if kwargs.get("trainer") == "flower":
+        from pflkit.flower.serve import flower_trainer
+
+        kwargs["trainer"] = flower_trainer(None)
     args = {"dataset": ds, "federation": fed, **kwargs}
     with pytest.raises(ConfigError) as e:
         run_experiment(resolve(spec("mine"), "smoke", changes), tmp_path / "run", progress=False, **args)

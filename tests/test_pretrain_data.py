@@ -19,13 +19,15 @@ import torch
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, DatasetMeta
 from pflkit.data.datasets import load_dataset
-from pflkit.run.experiments import NO_TRAINING, list_experiments, resolve
+from pflkit.run.experiment_config import NO_TRAINING
+from pflkit.run.experiments import list_experiments, resolve
 from pflkit.fl.algorithm import Env
 from pflkit.io import load_torch
 from pflkit.models import build_model, head_param_names
 from pflkit.run.pretraining import carry_weights, check_pretrain_fits, client_data, load_pretrain_data
 from pflkit.fl.federation import federation_for
-from pflkit.run.runner import RunMismatchError, run_experiment
+from pflkit.run.folder import RunMismatchError
+from pflkit.run.runner import run_experiment
 from tests.helpers_data import digits_dataset
 
 # a tiny experiment on the embedded sklearn digits: FedAvg pretraining on its own federation, one FT

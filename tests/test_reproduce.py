@@ -31,7 +31,7 @@ from pflkit.report.pfedvem.claims import pfedvem_best_under_drift
 from pflkit.report.reproduction import build_report, out_of_date
 from pflkit.fl.engines import nbytes
 from pflkit.fl.loop import check_finite
-from pflkit.run.runner import load_final_states
+from pflkit.run.folder import load_final_states
 
 from helpers_catalog import tiny_toml, write_toml  # noqa: E402
 
@@ -123,6 +123,7 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
     """Each invocation that runs a work folder's run is recorded before it starts (a killed one leaves its
     entry) with the hardware it ran on; the compact result keeps them all, so a run resumed on another
     machine names both, not only the last one's ``environment``."""
+    import pflkit.run.environment as environment
     import pflkit.run.runner as runner
     from pflkit.report.timing import hardware
 
@@ -130,7 +131,10 @@ def test_a_result_names_every_machine_its_run_was_resumed_on(batch, tmp_path, mo
     seen = []
 
     def on(cap):
-        monkeypatch.setattr(runner, "device_info", lambda cfg: {**real_info(cfg), "gpu": None, "cpu_capability": cap})
+        def info(cfg):
+            return {**real_info(cfg), "gpu": None, "cpu_capability": cap}
+        monkeypatch.setattr(runner, "device_info", info)  # the run's record
+        monkeypatch.setattr(environment, "device_info", info)  # the batch's record of each invocation
 
     def run_and_look(cfg, folder, **kw):  # the entry is on disk while the run trains
         seen.append(json.loads((folder / wf.INVOCATIONS).read_text())["runs"][-1])

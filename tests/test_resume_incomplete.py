@@ -6,7 +6,12 @@ import json
 import math
 
 from pflkit.run.experiments import resolve
-from pflkit.run.runner import run_experiment, train_locally
+from pflkit.run.runner import run_experiment
+from pflkit.run.trainer import Trainer, train_locally
+
+
+def _sequential(train) -> Trainer:
+    return Trainer(train=train, engine="sequential")
 
 
 def _dropping_client(label: str, client: int):
@@ -37,12 +42,12 @@ def test_resume_retries_an_incomplete_stage_and_the_stages_after_it(tmp_path):
     cfg = resolve("demo", "smoke", ["pretrain.rounds=1", "methods.FedL2P.rounds=1"])
     clean = run_experiment(cfg, tmp_path / "clean", progress=False, engine="sequential")
     out = tmp_path / "cut"
-    first = run_experiment(cfg, out, progress=False, engine="sequential", train=_dropping_client("FT (BN C)", 3))
+    first = run_experiment(cfg, out, progress=False, trainer=_sequential(_dropping_client("FT (BN C)", 3)))
     ft = first["methods"]["FT (BN C)"]
     assert first["status"] == "incomplete" and ft["status"] == "incomplete" and ft["acc_mean"] is None
     assert ft["per_client"][0][3] is None and ft["missing"] == [{"seed": 0, "client": 3, "reason": "node unavailable"}]
     calls: list = []
-    resumed = run_experiment(cfg, out, progress=False, engine="sequential", resume=True, train=_recording(calls))
+    resumed = run_experiment(cfg, out, progress=False, resume=True, trainer=_sequential(_recording(calls)))
     # Global finished ok and is kept; FT (BN C) is retried and every later stage trained again
     assert calls == ["FT (BN C)", "FT (BN G)", "FT (BN I)", "FedL2P"]
     assert resumed["status"] == "ok" and _numbers(resumed) == _numbers(clean)
@@ -55,8 +60,8 @@ def test_a_resumed_incomplete_stage_reads_back_without_arithmetic_on_null(tmp_pa
     (before: 100.0 * None on the null read back from the stage record)."""
     cfg = resolve("demo", "smoke", ["pretrain.rounds=1", "methods.FedL2P.rounds=1"])
     lose = _dropping_client("Global", 2)
-    run_experiment(cfg, tmp_path, progress=False, engine="sequential", train=lose)
-    again = run_experiment(cfg, tmp_path, progress=False, engine="sequential", resume=True, train=lose)
+    run_experiment(cfg, tmp_path, progress=False, trainer=_sequential(lose))
+    again = run_experiment(cfg, tmp_path, progress=False, resume=True, trainer=_sequential(lose))
     glob = again["methods"]["Global"]
     assert glob["status"] == "incomplete" and glob["per_client"][0][2] is None
     assert all(isinstance(a, float) for i, a in enumerate(glob["per_client"][0]) if i != 2)
@@ -83,17 +88,17 @@ def test_a_retry_stopped_midway_leaves_no_old_record_to_read_back(tmp_path):
     cfg = resolve("demo", "smoke", ["pretrain.rounds=1", "methods.FedL2P.rounds=1"])
     clean = run_experiment(cfg, tmp_path / "clean", progress=False, engine="sequential")
     out = tmp_path / "cut"
-    run_experiment(cfg, out, progress=False, engine="sequential", train=_dropping_client("Global", 2))
+    run_experiment(cfg, out, progress=False, trainer=_sequential(_dropping_client("Global", 2)))
     assert (out / "seed0" / "fedl2p.json").exists()  # every later stage finished on the incomplete Global
     calls: list = []
     try:
-        run_experiment(cfg, out, progress=False, engine="sequential", resume=True,
-                       train=_stopping_at("FT (BN I)", calls))
+        run_experiment(cfg, out, progress=False, resume=True,
+                       trainer=_sequential(_stopping_at("FT (BN I)", calls)))
     except _Stop:
         pass
     assert calls == ["Global", "FT (BN C)", "FT (BN G)", "FT (BN I)"]
     assert not (out / "seed0" / "fedl2p.json").exists()  # the old record is gone, not left to be read back
     calls.clear()
-    resumed = run_experiment(cfg, out, progress=False, engine="sequential", resume=True, train=_recording(calls))
+    resumed = run_experiment(cfg, out, progress=False, resume=True, trainer=_sequential(_recording(calls)))
     assert calls == ["FT (BN I)", "FedL2P"]
     assert resumed["status"] == "ok" and _numbers(resumed) == _numbers(clean)

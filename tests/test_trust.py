@@ -379,7 +379,7 @@ def test_random_kills_then_resume_give_the_uninterrupted_results(tmp_path):
 
 
 def test_standard_error_over_seeds_by_hand():
-    from pflkit.run.runner import standard_error
+    from pflkit.run.results import standard_error
 
     assert standard_error([50.0]) is None
     # values 1, 2, 3: sample sd 1, so the standard error is 1 / sqrt(3)

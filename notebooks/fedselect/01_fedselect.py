@@ -109,7 +109,9 @@ from pflkit.report.fedselect.figures import (SELECT_ROW, accuracy_vs_p_reading, 
                                      plot_fig1, plot_gradltn_schedule, plot_layer_masks, plot_mask_overlap,
                                      stored_head_iou, table1_frame, table1_reading)
 from pflkit.report.figures import save_figure
-from pflkit.run.runner import final_states_path, load_final_states, make_env, run_experiment
+from pflkit.run.environment import make_env
+from pflkit.run.folder import final_states_path, load_final_states
+from pflkit.run.runner import run_experiment
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,
                 figures_dir=figures_dir, seed=seed, source=source, results_dir=results_dir)

@@ -98,7 +98,7 @@ from pflkit.models import count_params
 from pflkit.notebooks.session import setup
 from pflkit.report.pfedhn import figures as report
 from pflkit.report.figures import OKABE_ITO, save_figure
-from pflkit.run.runner import initial_model, make_env
+from pflkit.run.environment import initial_model, make_env
 from pflkit.run.stages import method_config
 
 session = setup(preset, out_dir, data_root=data_root, device=device, download=download, standin=standin,

@@ -124,7 +124,7 @@ if source == "train":
     from pflkit.analysis.pfedhn import client_classes
     from pflkit.fl.federation import federation_for
     from pflkit.report.figures import save_figure
-    from pflkit.run.runner import make_env
+    from pflkit.run.environment import make_env
     from pflkit.run.stages import method_config
 
     exp = session.resolve(name)

@@ -126,7 +126,7 @@ if source == "train":
     from pflkit.analysis.embeddings import embedding_report, tsne_2d
     from pflkit.fl.federation import federation_for
     from pflkit.report.figures import save_figure
-    from pflkit.run.runner import make_env
+    from pflkit.run.environment import make_env
 
     exp = session.resolve(name)
     if exp.data.scheme != "domains":

@@ -107,7 +107,7 @@ from pflkit.report.compact import analysis
 from pflkit.report.figures import save_figure
 from pflkit.report.pfedvem.figures import (head_size, method_option, plot_table1, plot_trust, table1, table1_reading,
                                    trust_from_analysis, trust_reading, trust_takeaway)
-from pflkit.run.runner import make_env
+from pflkit.run.environment import make_env
 
 if source == "results" and standin:  # the committed result is on the real dataset: its images would not match
     raise ValueError("standin=True: the committed results are not on the stand-in; set source='train' to run it")

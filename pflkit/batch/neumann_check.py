@@ -51,7 +51,7 @@ from pflkit.meta.metanets import GROUPS, group_of
 from pflkit.meta.objectives import lambda_step, meta_losses
 from pflkit.models.mixed_bn import MixedBatchNorm
 from pflkit.run.pretraining import client_data, load_pretrain_data
-from pflkit.run.runner import initial_model, make_env
+from pflkit.run.environment import initial_model, make_env
 from pflkit.run.stages import method_config
 
 __all__ = ["largest_eigenvalue", "neumann_terms", "unrolled_hypergradient", "fedl2p_step_check", "run_step_check",

@@ -90,7 +90,7 @@ def splice(committed: dict, new: dict, labels: list[str], upstream: list[str], *
            stages: dict | None, seconds: float) -> dict:
     """``committed`` with the stages ``labels`` taken from the compact result ``new`` (method entry, history,
     analysis, engine), its fingerprint brought to ``code`` / ``stages`` and a ``restaged`` record added."""
-    from pflkit.run.runner import worst_status
+    from pflkit.run.results import worst_status
 
     out = json.loads(json.dumps(committed))
     for label in labels:
@@ -141,7 +141,8 @@ def restage_one(cfg, folder: Path, compact: Path, labels, *, code: dict | None, 
     raises comes back as ``failed`` with the error, or ``not run`` when its data are missing)."""
     # reuse and the runner load every algorithm and dataset: only a worker that reruns stages needs them
     from pflkit.batch.reuse import fingerprinted_config, stage_upstreams
-    from pflkit.run.runner import RunMismatchError, holds_a_run, run_experiment
+    from pflkit.run.folder import RunMismatchError, holds_a_run
+    from pflkit.run.runner import run_experiment
 
     if not compact.exists():
         return Outcome(cfg.name, NOT_RUN, "no committed result to rerun stages of")

@@ -11,7 +11,7 @@ fresh run).
 
 `seed_from_donors` copies the finished stages of matching keys from other run folders of the batch's
 work folder into a fresh one, with a ``run.json`` that the runner accepts only if the data it reads
-now are the donor's (`pflkit.run.runner.prepare_folder` compares the fingerprint; on a mismatch the
+now are the donor's (`pflkit.run.folder.prepare_folder` compares the fingerprint; on a mismatch the
 batch starts the run over with nothing reused). A donor must have been made by the same code
 version, or its stage must have the same behavioural fingerprint (`pflkit.batch.behaviour`). The compact result names every reused stage and its donor (``reused``).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pflkit.algorithms import get_algorithm
 from pflkit.io import read_json, slug, write_json
-from pflkit.run.runner import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
+from pflkit.run.folder import FINAL_STATES, NOT_FINGERPRINTED, RUN_FILE, clear_run, fingerprint_hash
 
 __all__ = ["stage_keys", "stage_upstreams", "stage_files", "seed_from_donors", "fingerprinted_config"]
 
@@ -44,7 +44,7 @@ def stage_upstreams(config: dict) -> dict[str, str | None]:
 
 
 def stage_keys(fp: dict) -> dict[str, str]:
-    """``{stage label: key}`` for a run fingerprint (`pflkit.run.runner.fingerprint`): the pretraining stage
+    """``{stage label: key}`` for a run fingerprint (`pflkit.run.folder.fingerprint`): the pretraining stage
     and every method, keyed by the data (settings and files), the model, the stage's own settings less
     its label, and the key of the stage it starts from."""
     config = fp["config"]
@@ -79,7 +79,7 @@ def _finished(seed_dir: Path, label: str, keep_states: bool) -> bool:
 
 
 def fingerprinted_config(cfg) -> dict:
-    """The resolved configuration's dict less `pflkit.run.runner.NOT_FINGERPRINTED`, as JSON holds it (what a run
+    """The resolved configuration's dict less `pflkit.run.folder.NOT_FINGERPRINTED`, as JSON holds it (what a run
     fingerprint stores, and what `stage_keys` / `stage_upstreams` read)."""
     return json.loads(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}, default=str))
 

@@ -58,7 +58,8 @@ def run_one(cfg, folder: Path, compact: Path, *, code: dict | None, overrides=()
     # the runner and reuse (which imports it) load every algorithm and dataset: a batch worker process needs
     # them, the process that only plans the batch or skips every experiment does not
     from pflkit.batch.reuse import seed_from_donors
-    from pflkit.run.runner import RunMismatchError, run_experiment
+    from pflkit.run.folder import RunMismatchError
+    from pflkit.run.runner import run_experiment
 
     weights = _missing_weights(cfg)
     if weights:
@@ -144,9 +145,9 @@ def _invocations(path: Path, resume: bool) -> dict:
 def _invocation(path: Path, calls: dict, cfg) -> Iterator[None]:
     """Record this invocation in ``calls`` (written to ``path`` before the run starts, so a killed process
     leaves its entry): when it started, the GPU's name or the CPU's vector instructions
-    (`pflkit.run.runner.device_info`), and, when it returns or raises, its wall seconds. A run resumed on other
+    (`pflkit.run.environment.device_info`), and, when it returns or raises, its wall seconds. A run resumed on other
     hardware then names every machine it ran on, not only the last one (``environment``)."""
-    from pflkit.run.runner import device_info  # the runner, as in `run_one`
+    from pflkit.run.environment import device_info  # the runner, as in `run_one`
 
     info = device_info(cfg)
     entry = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

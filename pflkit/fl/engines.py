@@ -45,14 +45,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from pflkit.config import ConfigError
+from pflkit.config import ENGINES, ConfigError
 from pflkit.fl.algorithm import Algorithm, Env, Update
 from pflkit.fl.lockstep import plain_sgd, run_plain
 from pflkit.fl.meet import run_together
 
 log = logging.getLogger(__name__)
-
-ENGINES = ("auto", "sequential", "threads", "vectorized")
 
 # (update, the client's new state, bytes of the message it received), one per sampled id, in order
 ClientResult = tuple[Update, Any, int]

@@ -7,7 +7,7 @@ string / number pairs, so they fit Flower's run config (``[tool.flwr.app.config]
 ``flwr run --run-config``) and the ConfigRecord of every message.
 
 A `Runtime` is the experiment of one seed in one process: config, dataset,
-federation (built by pflkit's own partitioners, exactly as `pflkit.run.runner` does, so
+federation (built by pflkit's own partitioners, exactly as `pflkit.run.runner.run_seed` does, so
 that partition ``i`` on Flower is client ``i`` of a pflkit run) and the `Env`. It is
 read-only data derived from the settings, cached per process so that a Ray actor
 serving many virtual clients loads the dataset once; per-client state that changes
@@ -25,8 +25,9 @@ from functools import lru_cache
 import torch
 
 from pflkit.config import ConfigError, to_dict
-from pflkit.run.experiments import ExperimentConfig, StageConfig, resolve
-from pflkit.run.runner import build_seed_federation  # noqa: F401  (re-exported for the tests)
+from pflkit.fl.federation import federation_for
+from pflkit.run.experiment_config import ExperimentConfig, StageConfig
+from pflkit.run.experiments import resolve
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,10 @@ def _dataset(experiment_json: str, preset: str, data_root: str):
 @lru_cache(maxsize=4)
 def runtime(experiment_json: str, preset: str, data_root: str, seed: int) -> Runtime:
     """The (cached) experiment of ``seed`` in this process."""
-    from pflkit.run.runner import make_env
+    from pflkit.run.environment import make_env
 
     cfg, dataset = _dataset(experiment_json, preset, data_root)
-    fed = build_seed_federation(cfg, dataset, seed)
+    fed = federation_for(cfg.data, dataset, seed)
     return Runtime(cfg, fed, make_env(cfg, fed, seed), seed)
 
 

@@ -2,8 +2,8 @@
 
 `serve(grid, settings)` is what the ServerApp's ``main`` does (`build_server_app` makes that ServerApp): resolve the experiment
 from the settings (run config), map nodes to clients once, then run it with
-`pflkit.run.runner.run_experiment`, whose engine for each stage is a `PflkitStrategy`
-instead of pflkit's own loop. The files written are those of a pflkit run: one JSON per
+`pflkit.run.runner.run_experiment`, whose trainer (`flower_trainer`) trains each stage with a
+`PflkitStrategy` as the round loop's transport instead of this process's clients. The files written are those of a pflkit run: one JSON per
 stage, the pretrained weights, ``federation.npz`` and ``results.json``. One Flower run
 serves every stage, so Ray starts once per experiment.
 
@@ -25,8 +25,19 @@ from pflkit.flower.runtime import experiment_from_settings, settings_for
 from pflkit.flower.nodes import NodeMap
 from pflkit.flower.server_app import PflkitStrategy
 from pflkit.run.runner import run_experiment
+from pflkit.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+
+def flower_trainer(train) -> Trainer:
+    """The `Trainer` whose stages ``train`` on Flower's nodes (`serve` builds ``train`` for its grid).
+
+    The clients live on the nodes, which build them from ``[data]``: no dataset or federation object, no
+    pretraining federation of its own, no fit of unseen clients, no method on a client group yet. The
+    stages this process runs itself (a separate pretraining stage's test pass) run sequentially."""
+    return Trainer(train=train, transport="flower", engine="sequential", in_process=False, given_data=False,
+                   pretrain_federation=False, fits_unseen=False, method_settings=False)
 
 
 def _setting(settings, key, default, typ):
@@ -58,7 +69,7 @@ def serve(grid: Grid, settings) -> dict:
                                   timeout=timeout, desc=None if desc is None else f"{desc}, Flower", log_dir=out)
         return strategy.run(grid, model, checkpoint=checkpoint, resume=resume)
 
-    return run_experiment(cfg, out, data_root=data_root, progress=progress, train=train_on_flower, engine="flower",
+    return run_experiment(cfg, out, data_root=data_root, progress=progress, trainer=flower_trainer(train_on_flower),
                           resume=bool(_setting(settings, "resume", False, _flag)))
 
 

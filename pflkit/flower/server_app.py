@@ -51,6 +51,7 @@ from pflkit.flower.client_app import HEADER, METRICS, MSG, PAYLOAD
 from pflkit.flower.failures import FailureLog
 from pflkit.flower.nodes import NodeMap
 from pflkit.flower.records import tensors_in
+from pflkit.run.environment import initial_model
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +296,6 @@ class PflkitStrategy(Strategy):
         ``num_rounds`` / ``timeout`` override the config's rounds and the strategy's timeout.
         The pflkit outcome (history, per-client test metrics) is in ``self.result``.
         """
-        from pflkit.run.runner import initial_model
-
         if num_rounds is not None:
             self.cfg = dc_replace(self.cfg, rounds=num_rounds)
         self.timeout = self.timeout if timeout is None else timeout

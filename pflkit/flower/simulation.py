@@ -30,7 +30,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from pflkit.run.experiments import ExperimentConfig
+from pflkit.run.experiment_config import ExperimentConfig
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import settings_for
 from pflkit.flower.serve import build_server_app

@@ -17,6 +17,7 @@ from pathlib import Path
 from pflkit.data.datasets import dataset_name
 from pflkit.notebooks.execute import notebooks_dir
 from pflkit.notebooks.standins import STANDIN_DATASET, STANDINS, standin_overrides
+from pflkit.run.experiments import PRESETS
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,8 @@ SMOKE_NOTE = ("preset 'smoke': tiny sizes, so the accuracies below are meaningle
 
 def resolve_device(device: str = "auto") -> str:
     """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; an unavailable device is an error."""
-    from pflkit.run.experiments import check_device
-    from pflkit.run.runner import resolve_device as resolve
+    from pflkit.run.environment import resolve_device as resolve
+    from pflkit.run.experiment_config import check_device
 
     check_device(device)
     return str(resolve(device))
@@ -113,7 +114,7 @@ class Session:
         from pflkit.report.committed import MissingResultError, read_committed, total_training_time
 
         rows = []
-        for preset in ("smoke", "cpu", "paper"):
+        for preset in PRESETS:
             try:
                 found = [read_committed(n, preset, self.results_dir if preset == self.preset else None)
                          for n in names]
@@ -141,7 +142,8 @@ class Session:
         if folder != self.out / name:
             print(f"{name}: results read from {folder}")
             return read_json(folder / "results.json")
-        from pflkit.run.runner import RunMismatchError, run_experiment
+        from pflkit.run.folder import RunMismatchError
+        from pflkit.run.runner import run_experiment
 
         # re-executing a cell continues (or reuses) the run in `folder`; other settings start it over
         cfg, kwargs = self.resolve(name, *overrides), dict(data_root=self.data_root, download=self.download,
@@ -156,13 +158,13 @@ class Session:
     def trained(self, exp, label: str, fed, env, dataset, results_root: str | os.PathLike | None = None):
         """Method ``label`` of the resolved experiment ``exp`` trained on its whole federation ``fed``.
 
-        Read back (`pflkit.run.runner.load_stage`) from the run of ``exp`` under ``results_root`` when that run
+        Read back (`pflkit.run.folder.load_stage`) from the run of ``exp`` under ``results_root`` when that run
         was made with the same settings and data (its fingerprint, of ``dataset`` read) and kept the
         stage's final states, as `pflkit reproduce` does for the figures that need them (``KEEP_STATES``);
         else trained here (`pflkit.run.stages.train_method`, with ``env``). Returns a `StageResult`.
         """
         from pflkit.io import read_json
-        from pflkit.run.runner import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
+        from pflkit.run.folder import RUN_FILE, final_states_path, fingerprint, fingerprint_hash, load_stage
         from pflkit.run.stages import train_method
 
         folder = self.run_dir(exp.name, results_root)
@@ -294,8 +296,8 @@ def setup(preset: str, out_dir: str, *, data_root: str | None = None, device: st
     """
     import torch
 
-    if preset not in ("smoke", "cpu", "paper"):
-        raise ValueError(f"preset={preset!r}: must be smoke, cpu or paper")
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r}: must be {', '.join(PRESETS[:-1])} or {PRESETS[-1]}")
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: must be one of {', '.join(SOURCES)}")
     if source == "results":

@@ -86,5 +86,5 @@ def mark_divergence(res: dict) -> dict:
         m.update(status="diverged", acc_mean=None, acc_std=None, acc_sem=None, unseen=None,
                  per_seed=[None] * len(m.get("per_seed") or []),
                  error="; ".join(e for e in (m.get("error"), reason) if e))
-    out["status"] = "diverged"  # the worst status there is (`pflkit.run.runner.STATUS_ORDER`)
+    out["status"] = "diverged"  # the worst status there is (`pflkit.run.results.STATUS_ORDER`)
     return out

@@ -1,3 +1,4 @@
-"""One experiment run: its experiment file resolved (`experiments`), its data checked, its pretraining
-(`pretraining`), every method on every seed (`stages`, `runner`), the run folder it resumes from and the
-``results.json`` it writes. ``pflkit.run.runner.run_experiment`` is the entry point."""
+"""One experiment run. Its experiment file resolved (`experiments`) into frozen settings (`experiment_config`);
+its environment (`environment`), data checks (`checks`) and run folder (`folder`); its pretraining stage
+(`pretraining`) and every method's stage (`stages`), trained by a `trainer.Trainer`; every seed (`runner`)
+aggregated into ``results.json`` (`results`). ``pflkit.run.runner.run_experiment`` is the entry point."""

@@ -1,10 +1,10 @@
-"""The pretraining stage's own data and weights, and how its model reaches the experiment's.
+"""The pretraining stage: its own data and weights, its training, and how its model reaches the experiment's.
 
 FedL2P personalizes a model pretrained elsewhere: for CIFAR-10-C the FedAvg model of
 clean CIFAR-10 (alpha = 1000; sec. 4.3, App. D), for Office-Caltech-10 / DomainNet
 torchvision's ImageNet ResNet-18 with a new head (sec. 4.4, App. D), so the clients'
 feature shift is unseen during pretraining. Here the pieces of that, generic for any
-experiment (`pflkit.run.experiments.PretrainStage`):
+experiment (`pflkit.run.experiment_config.PretrainStage`):
 
 * `load_pretrain_data` / `source_split`: the ``[pretrain.data]`` dataset, optionally
   only its train (or test) split, so no client image is drawn for pretraining;
@@ -18,33 +18,41 @@ experiment (`pflkit.run.experiments.PretrainStage`):
 * `carry_weights`: body copied exactly, head kept or re-initialized (seeded);
 * `pretrain_provenance`: what results.json records about all of it.
 
-`pflkit.run.runner.run_pretrain` puts them together for each seed.
+* `run_pretrain`: the stage of one seed, put together from these (a plain stage is just a method
+  trained on the clients, `pflkit.run.stages.run_stage`).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pflkit.algorithms import get_algorithm
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, ImageFiles, offline
 from pflkit.data.datasets import dataset_digest, is_user_dataset, load_dataset
 from pflkit.data.provenance import dataset_record, weights_record
-from pflkit.run.experiments import ExperimentConfig, PretrainStage
 from pflkit.fl.algorithm import Env
+from pflkit.fl.federation import Federation, federation_for
+from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import get_state, set_state
-from pflkit.io import load_torch
+from pflkit.io import load_torch, read_json, save_torch, slug, write_json
 from pflkit.models import build_model, head_param_names
+from pflkit.run.checks import check_client_splits
+from pflkit.run.environment import initial_model, make_env
+from pflkit.run.experiment_config import NO_TRAINING, ExperimentConfig, PretrainStage
+from pflkit.run.stages import run_stage, stage_record
 
 
 def source_split(dataset: Dataset, which: str) -> Dataset:
     """``dataset`` with only its ``which`` split (``train`` / ``test``) kept; ``all`` returns it unchanged.
 
     A federation pools a dataset's train and test splits; keeping one leaves nothing of the
-    other to draw from (`pflkit.run.experiments.PretrainDataConfig.source_split`).
+    other to draw from (`pflkit.run.experiment_config.PretrainDataConfig.source_split`).
     """
     if which == "all":
         return dataset
@@ -223,3 +231,63 @@ def pretrain_provenance(cfg: ExperimentConfig, pre: Dataset | None) -> dict:
     if files:
         out["weights"] = files
     return out
+
+
+def _eval_config():
+    """FedAvg with no round: tests the given global model on every client (`run_rounds` with rounds=0)."""
+    return get_algorithm("fedavg").config(rounds=0, eval_every=0, keep_best=False)
+
+
+def _pretraining_summary(rec: dict) -> dict:
+    return {k: rec.get(k) for k in ("status", "error", "best_round", "seconds", "summary", "missing")}
+
+
+def run_pretrain(cfg: ExperimentConfig, fed: Federation, env: Env, pre: Dataset | None, seed_dir: Path,
+                 resume: bool, progress: bool, train) -> tuple[dict, dict | None]:
+    """The pretraining stage of one seed: (its record, the weights every fine-tuning method starts from).
+
+    A plain stage (no own data, no new head, a training algorithm) trains on the clients and its
+    global model is the start, as always. Otherwise the stage trains on its own federation (or the
+    clients') in ``seed_dir/pretrain`` (``algorithm = "none"``: no training, its start model is the
+    result), `carry_weights` moves the weights to the experiment's model, and that model is tested
+    on every client (the record; ``pretraining`` holds the stage's own summary, ``history`` its rounds).
+    """
+    st = cfg.pretrain
+    name = slug(st.label)
+    done, weights = seed_dir / f"{name}.json", seed_dir / f"{name}.weights.pt"
+    if not st.separate:
+        rec = run_stage(st, fed, env, load_start_weights(initial_model(env), st), seed_dir, resume, progress, train)
+        return rec, load_torch(weights) if rec["status"] != "diverged" and weights.exists() else None
+    if resume and done.exists():
+        rec = read_json(done)
+        return rec, load_torch(weights) if weights.exists() else None
+    extra, earlier = {}, 0.0
+    if st.algorithm == NO_TRAINING:
+        source = get_state(load_start_weights(initial_model(env), st))
+        extra["pretraining"] = {"weights": st.weights or f"{cfg.model.name} as built"}
+    else:
+        pre_dir = seed_dir / "pretrain"
+        pre_dir.mkdir(exist_ok=True)
+        pre_fed, pre_env = fed, env
+        if st.data is not None:
+            pre_fed = federation_for(st.data, pre, env.seed)
+            check_client_splits(pre_fed, data=st.data, key="pretrain.data", splits=("train",))
+            pre_fed.save(pre_dir / "federation.npz")
+            pre_env = make_env(cfg, pre_fed, env.seed, env.engine)
+        start = load_start_weights(initial_model(pre_env), st)
+        rec = run_stage(st, pre_fed, pre_env, start, pre_dir, resume, progress, train)
+        trained = pre_dir / f"{name}.weights.pt"
+        extra = {"pretraining": _pretraining_summary(rec), "history": rec["history"]}
+        earlier = rec.get("seconds", 0.0)
+        if rec["status"] == "diverged" or not trained.exists():
+            return {**rec, "status": "diverged", "error": f"pretraining: {rec.get('error') or 'no weights'}",
+                    "per_client": [], "summary": {"acc": math.nan}, **extra}, None
+        source = load_torch(trained)
+    state = carry_weights(source, initial_model(env), st.new_head, env)
+    result = run_rounds(get_algorithm("fedavg"), _eval_config(), fed, set_state(initial_model(env), state), env,
+                        desc=f"{st.label} (seed {env.seed}): test" if progress else None)
+    record = {**stage_record(result), **extra}
+    record["seconds"] = earlier + result.seconds
+    save_torch(weights, state)
+    write_json(done, record)
+    return record, state

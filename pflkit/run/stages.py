@@ -1,36 +1,42 @@
-"""One method of an experiment file, trained on a federation the caller chooses.
+"""Train one method (a stage): as a run's stage, or on a federation the caller chooses.
 
-The runner trains every method of an experiment on the experiment's own federation. Some figures
-need a method trained on part of it (pFedHN's 90 training and 10 novel clients, sec. 5.3; one
-budget group of Table 2) or need the trained state itself (mix-and-match, Fig. 3), which
-``results.json`` does not keep: `train_method` runs the same stage the runner would, on the given
-federation, and returns its `StageResult`. The analyses of `pflkit.analysis` then work on what it
-returns, without training anything themselves.
+A run's stages (`run_stage`): a trainer (`pflkit.run.trainer.Trainer`) trains the stage, or a resumed run
+reads its finished record back; its record, report, exported weights and kept states are written beside
+it. `run_method` starts a method from a fresh model, the pretrained one or an earlier method's weights, in
+its own setting (`method_setting`: a client group and model options, `pflkit.run.experiment_config.MethodStage`;
+pFedHN Table 2, sec. 5.2). A resumed run trains a stage left ``incomplete`` and every later one again
+(`retry`, `forget`).
 
-The runner itself trains a method on part of the federation when the experiment file says so
-(`pflkit.run.experiments.MethodStage`: ``clients``, ``model``, ``start_from``): `pflkit.run.runner.method_setting`
-gives the federation and the experiment that method sees.
-
-Without any experiment file: `env_for_model` makes the run context (`Env`) from a model factory
-or a model name, and `train_algorithm` trains one algorithm with the given settings, e.g. on a
-federation of one's own (`pflkit.fl.federation.Federation.from_indices`).
+Outside a run: some figures need a method trained on part of the federation (pFedHN's novel clients,
+sec. 5.3) or the trained state itself (mix-and-match, Fig. 3), which ``results.json`` does not keep:
+`train_method` trains the stage the runner would, on the given federation, and returns its `StageResult`.
+Without any experiment file, `env_for_model` makes the run context (`Env`) from a model factory or name
+and `train_algorithm` trains one algorithm with the given settings (e.g. on
+`pflkit.fl.federation.Federation.from_indices`).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from pflkit.algorithms import get_algorithm
-from pflkit.algorithms import pfedhn
 from pflkit.config import ConfigError, one_of
-from pflkit.run.experiments import check_device, check_kernels
 from pflkit.fl.algorithm import Algorithm, Env
 from pflkit.fl.engines import check_engine
 from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, run_rounds
-from pflkit.run.runner import initial_model, model_factory, resolve_device
+from pflkit.fl.train import set_state
+from pflkit.io import load_torch, read_json, save_torch, slug, write_json
+from pflkit.run.environment import initial_model, make_env, model_factory, resolve_device
+from pflkit.run.experiment_config import StageConfig, check_device, check_kernels
+from pflkit.run.folder import FINAL_STATES, keeps_a_state
+
+log = logging.getLogger(__name__)
 
 
 def method_config(exp, label: str, **changes):
@@ -51,18 +57,6 @@ def train_method(exp, label: str, fed: Federation, env, *, model=None, desc: str
     unless ``model`` is given); returns the `StageResult` with its final states."""
     algo, cfg = method_config(exp, label, **changes)
     return run_rounds(algo, cfg, fed, model if model is not None else initial_model(env), env, desc=desc)
-
-
-def fit_novel_clients(trained: StageResult, novel: Federation, cfg, env, *, rounds: int | None = None,
-                      init: str = "mean") -> StageResult:
-    """pFedHN sec. 5.3: phi frozen, each novel client's embedding learned (`pfedhn.fit_novel_clients`).
-
-    ``cfg.novel_fit`` picks fitting to convergence (the default) or a round budget; ``rounds`` (given)
-    selects the budget with that many rounds.
-    """
-    if rounds is not None:
-        cfg = dataclasses.replace(cfg, novel_fit="rounds", novel_rounds=rounds)
-    return pfedhn.fit_novel_clients(trained.state, novel, cfg, env, init=init)
 
 
 def env_for_model(model: str | Callable[[], torch.nn.Module], fed: Federation | None = None, *, seed: int = 0,
@@ -106,3 +100,97 @@ def train_algorithm(algorithm: str | Algorithm, fed: Federation, env: Env, *, mo
     algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     cfg = algo.make_config(settings)
     return run_rounds(algo, cfg, fed, model if model is not None else initial_model(env), env, desc=desc)
+
+
+def stage_record(result: StageResult) -> dict:
+    """A stage's record (``seed*/<slug>.json``): status, timing, per-client test metrics in client order, history."""
+    per_client = {int(k): v for k, v in result.per_client.items()}
+    return {"status": result.status, "error": result.error, "best_round": result.best_round,
+            "seconds": result.seconds, "summary": result.summary, "missing": list(getattr(result, "missing", [])),
+            "per_client": [per_client[k] for k in sorted(per_client)], "history": result.history,
+            "engine": getattr(result, "engine", "")}
+
+
+def run_stage(stage: StageConfig, fed, env, start_model, seed_dir: Path, resume: bool, progress: bool,
+              train) -> dict:
+    """Train and test one stage with ``train`` (a `Trainer`'s), or read it back if a previous run finished it."""
+    done = seed_dir / f"{slug(stage.label)}.json"
+    if resume and done.exists():
+        log.info("stage %s already finished: %s", stage.label, done)
+        return read_json(done)
+    algo = get_algorithm(stage.algorithm)
+    result = train(algo, stage.config, fed, start_model, env, checkpoint=seed_dir / f"{slug(stage.label)}.ckpt",
+                   resume=resume, desc=f"{stage.label} (seed {env.seed})" if progress else None, label=stage.label)
+    if fed.unseen_ids and algo.fit_unseen is not None and result.status == "ok":
+        result = algo.fit_unseen(result, fed, stage.config, env)  # pFedHN's novel clients (sec. 5.3)
+        kept = seed_dir / f"{slug(stage.label)}{FINAL_STATES}"
+        if kept.exists():  # `keeping_states` saved the states before the fit: keep the ones tested
+            save_torch(kept, {"state": result.state, "client_states": result.client_states})
+    record = stage_record(result)
+    if algo.report is not None and keeps_a_state(result) and result.client_states is not None:
+        report = algo.report(result.state, fed, stage.config, env, result.client_states)
+        if report is not None:  # an algorithm may report only when its config asks (pFedHN's arrays)
+            write_json(seed_dir / f"{slug(stage.label)}.report.json", report)
+    if algo.exports_global and result.status != "diverged":
+        save_torch(seed_dir / f"{slug(stage.label)}.weights.pt", algo.global_model(result.state))
+    write_json(done, record)
+    (seed_dir / f"{slug(stage.label)}.ckpt").unlink(missing_ok=True)
+    return record
+
+
+def forget(seed_dir: Path, stages) -> None:
+    """Delete what an earlier run wrote for ``stages`` (records, reports, weights, checkpoints, kept states):
+    they are trained again, and a run stopped during that retry must not read the old records back as
+    finished on its next resume (they came from the weights of the stage being retried)."""
+    for stage in stages:
+        for folder in (seed_dir, seed_dir / "pretrain"):
+            for path in folder.glob(f"{slug(stage.label)}.*"):
+                if path.is_file():
+                    path.unlink()
+
+
+def retry(seed_dir: Path, stage: StageConfig) -> bool:
+    """True when a resumed run finds ``stage`` left ``incomplete`` (clients missing, e.g. a Flower node
+    that died): it is trained again, and so is every later stage of the seed, which may start from its
+    weights, so a run is never worse for being resumed. A diverged stage is kept (it would diverge again)."""
+    records = [seed_dir / f"{slug(stage.label)}.json", seed_dir / "pretrain" / f"{slug(stage.label)}.json"]
+    incomplete = any(p.exists() and read_json(p).get("status") == "incomplete" for p in records)
+    if incomplete:
+        log.warning("%s: stage %s was left incomplete; training it (and the stages after it) again",
+                    seed_dir.name, stage.label)
+    return incomplete
+
+
+def method_setting(exp, stage, fed: Federation):
+    """(federation, experiment) that method ``stage`` trains in: its client group of ``fed`` (`Federation.subset`)
+    and ``exp`` with its model options, or ``fed`` and ``exp`` themselves (the same objects) when it has none.
+
+    pFedHN Table 2 (sec. 5.2, App. B): each baseline is trained on one budget group with that group's LeNet.
+    """
+    clients, options = getattr(stage, "clients", None), getattr(stage, "model", None) or {}
+    if clients is not None:
+        fed = fed.subset(clients.ids(fed.num_clients))
+    if options:
+        exp = dataclasses.replace(exp, model=dataclasses.replace(exp.model, options={**exp.model.options, **options}))
+    return fed, exp
+
+
+def run_method(cfg, stage, fed, env, pretrained, seed_dir: Path, resume: bool, progress: bool, train) -> dict:
+    """One method of a seed, in its own setting (`method_setting`: its client group and
+    model options, if the file gives them), from a fresh model, the pretrained one or the global model
+    of the earlier method it names in ``start_from``."""
+    fed_m, cfg_m = method_setting(cfg, stage, fed)
+    env_m = env if fed_m is fed and cfg_m is cfg else make_env(cfg_m, fed_m, env.seed, env.engine)
+    start_from = getattr(stage, "start_from", "")
+    if start_from:
+        path = seed_dir / f"{slug(start_from)}.weights.pt"
+        weights, why = (load_torch(path) if path.exists() else None), f"{start_from} left no weights (diverged)"
+    elif get_algorithm(stage.algorithm).needs_pretrained:
+        weights, why = pretrained, "pretraining diverged"
+    else:
+        return run_stage(stage, fed_m, env_m, initial_model(env_m), seed_dir, resume, progress, train)
+    if weights is None:
+        return {"status": "diverged", "error": why, "per_client": [], "summary": {"acc": math.nan}, "history": [],
+                "seconds": 0.0}
+    return run_stage(stage, fed_m, env_m, set_state(initial_model(env_m), weights), seed_dir, resume, progress,
+                      train)

@@ -8,7 +8,9 @@ from pflkit.run.experiments import resolve
 from pflkit.fl.federation import Federation
 from pflkit.io import read_json
 from pflkit.models import head_param_names
-from pflkit.run.runner import load_final_states, make_env, run_experiment
+from pflkit.run.environment import make_env
+from pflkit.run.folder import load_final_states
+from pflkit.run.runner import run_experiment
 
 LABEL = 'methods."FedSelect (0.50)"'
 

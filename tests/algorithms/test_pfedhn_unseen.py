@@ -83,9 +83,11 @@ def test_tv_from_histograms_equals_the_federations():
 
 
 def test_flower_refuses_unseen_pfedhn_before_any_work(tmp_path):
+    from pflkit.flower.serve import flower_trainer
+
     cfg = resolve("pfedhn_fig2_novel", "smoke")
     with pytest.raises(ConfigError, match="data.unseen_clients=3"):
-        run_experiment(cfg, tmp_path, progress=False, engine="flower")
+        run_experiment(cfg, tmp_path, progress=False, trainer=flower_trainer(None))
 
 
 @pytest.mark.needs_data(experiments=["pfedhn_fig2_novel"])

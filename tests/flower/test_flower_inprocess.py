@@ -9,16 +9,18 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.algorithm import Env
+from pflkit.fl.federation import federation_for
 from pflkit.fl.loop import sample_clients
 from pflkit.flower.client_app import build_client_app
-from pflkit.flower.runtime import build_seed_federation, runtime, settings_for
+from pflkit.flower.runtime import runtime, settings_for
 from pflkit.flower.nodes import NodeMap
 from pflkit.flower.serve import build_server_app
 from pflkit.flower.server_app import PflkitStrategy
 from pflkit.flower.simulation import LocalGrid, run_flower
 from pflkit.io import load_torch
 from pflkit.models.introspect import count_params
-from pflkit.run.runner import initial_model, make_env, run_experiment
+from pflkit.run.environment import initial_model, make_env
+from pflkit.run.runner import run_experiment
 from tests.flower.helpers_flower import assert_same_run, experiment, rounded
 
 
@@ -42,7 +44,7 @@ def test_bytes_are_what_travels(both):
     for label in ("FedAvg", "pFedHN", "FedSelect", "pFedVEM"):  # no cached parts: the loop's count
         for ra, rb in zip(*rounds[label]):
             assert (rb["bytes_down"], rb["bytes_up"]) == (ra["bytes_down"], ra["bytes_up"]), label
-    fed = build_seed_federation(cfg, load_dataset("digits"), 0)
+    fed = federation_for(cfg.data, load_dataset("digits"), 0)
     target = count_params(make_env(cfg, fed, 0).model_fn()) * 4
     rb = rounds["pFedHN"][1][0]
     assert rb["bytes_down"] == rb["clients"] * target  # pFedHN: the target network, not the hypernetwork
@@ -75,7 +77,7 @@ def test_failing_and_slow_clients_are_left_out_and_the_rounds_complete(tmp_path)
     assert h[1]["failed"] == [] and h[1]["completed"] == 4
     # the same two rounds by hand with pflkit's phases
     algo, stage = ALGORITHMS["fedavg"], cfg.pretrain.config
-    fed = build_seed_federation(cfg, load_dataset("digits"), 0)
+    fed = federation_for(cfg.data, load_dataset("digits"), 0)
     env = make_env(cfg, fed, 0)
     state = algo.init(initial_model(env), fed, stage, env)
     for t, ids in enumerate([[0, 3], [0, 1, 2, 3]]):
