@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pflkit.config import ENGINES, ConfigError
-from pflkit.run.experiments import PRESETS
+from pflkit.run.experiments import PRESETS, experiments_dir
 
 
 def _cmd_list(args) -> int:
@@ -306,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "--report writes REPRODUCTION.md")
     p.add_argument("--preset", choices=PRESETS,
                    help="sizes (default: cpu; with --report: every preset found)")
-    p.add_argument("--paper", help="only this paper's experiments (fedl2p, pfedhn, fedselect, pfedvem, tutorials; "
+    folders = sorted(d.name for d in experiments_dir().iterdir() if d.is_dir())  # what --paper matches
+    p.add_argument("--paper", help=f"only this catalog folder's experiments ({', '.join(folders)}; "
                    "matrix: every method on every heterogeneity, then its table and heatmap)")
     p.add_argument("--only", metavar="PATTERN", help="experiment names: comma-separated globs or substrings")
     p.add_argument("--results", default="results", help="compact results folder (default: results)")

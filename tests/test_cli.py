@@ -109,13 +109,6 @@ def test_a_bad_engine_is_refused_before_any_work(tmp_path, capsys):
     assert "invalid choice: 'vmap'" in capsys.readouterr().err
 
 
-def test_the_cli_lists_the_engines_pflkit_has():
-    from pflkit import cli
-    from pflkit.fl.engines import ENGINES
-
-    assert cli.ENGINES == ENGINES
-
-
 def test_the_quickstart_twice_shows_the_finished_run(tmp_path, monkeypatch, capsys):
     """`pflkit demo --out demo && pflkit demo && pflkit demo`: three exits 0 in the folder holding `demo/`,
     the third printing the second's results; other settings in a finished run's folder are still refused."""
