@@ -217,7 +217,7 @@ def test_vectorized_engine_on_cuda_equals_the_sequential_one(name, monkeypatch):
     import dataclasses
 
     from pflkit.fl import engines
-    from pflkit.fl.federation import build_federation
+    from pflkit.fl.federate import build_federation
     from pflkit.fl.loop import run_rounds
     from tests.fl.test_engines import _config
     from tests.helpers_data import digits_dataset, digits_env
@@ -258,9 +258,9 @@ def test_vectorized_memory_budget_chunks_on_cuda(monkeypatch):
     import dataclasses
 
     from pflkit.fl import engines
-    from pflkit.fl.federation import build_federation
+    from pflkit.fl.federate import build_federation
     from pflkit.fl.loop import run_rounds
-    from pflkit.fl.vectorized import MemoryProbe, memory_budget
+    from pflkit.fl.batchable import MemoryProbe, memory_budget
     from tests.fl.test_engines import _config
     from tests.fl.test_vectorized import smooth
     from tests.helpers_compare import assert_tree

@@ -51,7 +51,8 @@ from pflkit.data.provenance import weights_record
 from pflkit.run.experiments import NO_TRAINING, DataConfig, ExperimentConfig, StageConfig
 from pflkit.fl.algorithm import Env
 from pflkit.fl.engines import check_engine
-from pflkit.fl.federation import Federation, federation_for
+from pflkit.fl.federate import federation_for
+from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, nonfinite_paths, run_rounds
 from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch, locked_folder, read_json, remove_orphans, save_torch, slug, write_json
