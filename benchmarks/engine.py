@@ -50,7 +50,7 @@ def experiment(a) -> dict:
 def _federation(a):
     from pflkit.data.datasets import load_dataset
     from pflkit.run.experiments import resolve
-    from pflkit.fl.federation import federation_for
+    from pflkit.fl.federate import federation_for
 
     cfg = resolve(experiment(a), "cpu")
     return cfg, federation_for(cfg.data, load_dataset(a.dataset, a.data_root or None), cfg.seed)

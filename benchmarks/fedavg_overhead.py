@@ -24,8 +24,9 @@ from pflkit.algorithms import ALGORITHMS
 from pflkit.data.base import to_float
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import run_rounds, sample_clients
+from pflkit.fl.federate import build_federation
+from pflkit.fl.loop import run_rounds
+from pflkit.fl.sampling import SamplingRule, sample_clients
 from pflkit.models import build_model
 
 
@@ -87,7 +88,7 @@ def main(argv=None):
     timings = {"hand": [], "pflkit": [], "pflkit+ckpt": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds + 1):  # the first round of each is warm-up
-            ids = sample_clients(fed.num_clients, cfg, env, 0)
+            ids = sample_clients(fed.num_clients, SamplingRule.of(cfg), env, 0)
             t = time.perf_counter()
             hand_round(hand_model, w0, fed, ids, cfg.lr, cfg.batch_size, 0, 0)
             th = time.perf_counter() - t

@@ -60,7 +60,7 @@ def _federation(num_clients: int, per_client: int = 16):
     import torch
 
     from pflkit.data.base import Dataset, DatasetMeta
-    from pflkit.fl.federation import build_federation
+    from pflkit.fl.federate import build_federation
 
     g = torch.Generator().manual_seed(0)
     n = num_clients * per_client

@@ -84,7 +84,7 @@ def prepare(a, model: str, per_round: int):
     from pflkit.algorithms import get_algorithm
     from pflkit.data.datasets import load_dataset
     from pflkit.run.experiments import resolve
-    from pflkit.fl.federation import federation_for
+    from pflkit.fl.federate import federation_for
     from pflkit.run.environment import make_env
 
     cfg = resolve(workload(a, model, per_round), "cpu", [f"device={a.device}"] if a.device != "auto" else [])

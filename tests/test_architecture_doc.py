@@ -9,7 +9,7 @@ import torch
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.config import ConfigError
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from tests.helpers_data import digits_dataset, digits_env
 

@@ -24,7 +24,7 @@ import pytest
 from pflkit.algorithms import get_algorithm
 from pflkit.run.experiments import resolve
 from pflkit.fl import train
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.models.introspect import head_param_names
 from tests.helpers_data import digits_dataset, digits_env
 

@@ -181,7 +181,7 @@ def test_smoke_run_with_triton_kernels_equals_reference(name, tmp_path, request,
 
 def test_auto_device_resolves_to_cuda_and_the_run_uses_it(tmp_path):
     """``device=auto`` gives the run's Env a CUDA device, and the run's models train there."""
-    from pflkit.fl.federation import federation_for
+    from pflkit.fl.federate import federation_for
     from pflkit.run import runner
     from pflkit.run.environment import initial_model, make_env
     from pflkit.run.experiments import resolve
@@ -219,7 +219,7 @@ def test_vectorized_engine_on_cuda_equals_the_sequential_one(name, monkeypatch):
     import dataclasses
 
     from pflkit.fl import engines
-    from pflkit.fl.federation import build_federation
+    from pflkit.fl.federate import build_federation
     from pflkit.fl.loop import run_rounds
     from tests.fl.test_engines import _config
     from tests.helpers_data import digits_dataset, digits_env
@@ -260,9 +260,9 @@ def test_vectorized_memory_budget_chunks_on_cuda(monkeypatch):
     import dataclasses
 
     from pflkit.fl import engines
-    from pflkit.fl.federation import build_federation
+    from pflkit.fl.federate import build_federation
     from pflkit.fl.loop import run_rounds
-    from pflkit.fl.vectorized import MemoryProbe, memory_budget
+    from pflkit.fl.batchable import MemoryProbe, memory_budget
     from tests.fl.test_engines import _config
     from tests.fl.test_vectorized import smooth
     from tests.helpers_compare import assert_tree

@@ -316,7 +316,7 @@ def test_trained_reads_a_kept_run_of_the_same_settings_and_trains_otherwise(tmp_
     """`Session.trained` (pFedHN's Fig. 3 / 4 notebooks): the stage read back from a run that kept its states
     is what training it in the notebook gives (states and test metrics bitwise); a run with other settings is
     not read."""
-    from pflkit.fl.federation import federation_for
+    from pflkit.fl.federate import federation_for
     from pflkit.notebooks.session import setup
     from pflkit.run.environment import make_env
     from pflkit.run.runner import run_experiment

@@ -5,8 +5,6 @@ clients that report are the loop's Bernoulli draw with p = report_fraction. Unde
 the loop's Bernoulli draw picks who trains (and reports). Checked round by round on a tiny
 federation for FedAvg, FedPer, pFedMe, pFedVEM and pFedMAP, and on the experiment files.
 """
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -17,8 +15,8 @@ from pflkit.algorithms.pfedme import PFedMeConfig
 from pflkit.algorithms.pfedvem import PFedMAPConfig, PFedVEMConfig
 from pflkit.config import ConfigError
 from pflkit.run.experiments import list_experiments, resolve
-from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import sample_clients
+from pflkit.fl.federate import build_federation
+from pflkit.fl.sampling import SamplingRule, sample_clients
 from tests.helpers_data import digits_dataset, digits_env
 
 R = 0.4  # reporting probability of the tiny federation (0.1 of 6 clients would mostly redraw to one)
@@ -64,16 +62,16 @@ def _rounds(name, protocol, fed):
     algo, cfg = ALGORITHMS[SETTINGS[name][0]], _config(name, protocol)
     env = digits_env(num_classes=fed.num_classes)
     env.seed_torch("init")
-    state, client_states, out = algo.init(env.model_fn(), fed, cfg, env), {}, []
+    state, client_states, out = algo.start(env.model_fn(), fed, cfg, env), {}, []
     for t in range(ROUNDS):
         now = env.at_round(t)
-        ids = sample_clients(fed.seen_ids, cfg, env, t)
+        ids = sample_clients(fed.seen_ids, SamplingRule.of(cfg), env, t)
         updates, changed = [], set()
         for cid in ids:
             before = client_states.get(cid)
             now.seed_torch("client", cid, t)
-            upd, client_states[cid] = algo.client_update(algo.broadcast(state, cid, cfg, now), fed.clients[cid],
-                                                         before, cfg, now)
+            upd, client_states[cid] = algo.respond(algo.send(state, cid, cfg, now), fed.clients[cid], before, cfg,
+                                                   now)
             updates.append(upd)
             if client_states[cid] is not None and not _same(before, client_states[cid]):
                 changed.add(cid)
@@ -83,7 +81,7 @@ def _rounds(name, protocol, fed):
 
 
 def _draw(fed, env, t):
-    return set(sample_clients(fed.seen_ids, SimpleNamespace(sampling="bernoulli", fraction=R), env, t))
+    return set(sample_clients(fed.seen_ids, SamplingRule("bernoulli", R), env, t))
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

@@ -25,7 +25,7 @@ from pflkit.fl.algorithm import Env
 from pflkit.io import load_torch
 from pflkit.models import build_model, head_param_names
 from pflkit.run.pretraining import carry_weights, check_pretrain_fits, client_data, load_pretrain_data
-from pflkit.fl.federation import federation_for
+from pflkit.fl.federate import federation_for
 from pflkit.run.folder import RunMismatchError
 from pflkit.run.runner import run_experiment
 from tests.helpers_data import digits_dataset

@@ -2,7 +2,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from pflkit.fl.federation import build_federation  # noqa: E402
+from pflkit.fl.federate import build_federation  # noqa: E402
 from pflkit.report.figures import plot_label_distribution, save_figure  # noqa: E402
 from pflkit.report.tables import compare_table, format_table, results_table  # noqa: E402
 from tests.helpers_data import digits_dataset  # noqa: E402

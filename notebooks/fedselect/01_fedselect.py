@@ -98,7 +98,8 @@ from pflkit.algorithms.fedselect import grad_ltn
 from pflkit.analysis.masks import client_masks, density, layer_density, pairwise_iou
 from pflkit.run.experiments import resolve
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import Federation, build_federation
+from pflkit.fl.federate import build_federation
+from pflkit.fl.federation import Federation
 from pflkit.io import read_json
 from pflkit.models import build_model, head_param_names
 from pflkit.notebooks.session import setup

@@ -92,7 +92,7 @@ from IPython.display import Markdown, display
 from pflkit.algorithms import get_algorithm
 from pflkit.algorithms import hypernet as hn
 from pflkit.fl.engines import nbytes
-from pflkit.fl.federation import federation_for
+from pflkit.fl.federate import federation_for
 from pflkit.fl.loop import run_rounds
 from pflkit.models import count_params
 from pflkit.notebooks.session import setup

@@ -122,7 +122,7 @@ if source == "train":
 
     from pflkit.algorithms.pfedhn import mix_and_match
     from pflkit.analysis.pfedhn import client_classes
-    from pflkit.fl.federation import federation_for
+    from pflkit.fl.federate import federation_for
     from pflkit.report.figures import save_figure
     from pflkit.run.environment import make_env
     from pflkit.run.stages import method_config

@@ -124,7 +124,7 @@ if source == "train":
 
     from pflkit.algorithms.pfedhn import embeddings
     from pflkit.analysis.embeddings import embedding_report, tsne_2d
-    from pflkit.fl.federation import federation_for
+    from pflkit.fl.federate import federation_for
     from pflkit.report.figures import save_figure
     from pflkit.run.environment import make_env
 

@@ -98,7 +98,7 @@ from IPython.display import Markdown, display
 from pflkit.data.base import DatasetNotFoundError
 from pflkit.data.partition import concept_drift_choices
 from pflkit.run.experiments import resolve
-from pflkit.fl.federation import federation_for
+from pflkit.fl.federate import federation_for
 from pflkit.io import read_json
 from pflkit.notebooks.session import setup
 from pflkit.report import readings

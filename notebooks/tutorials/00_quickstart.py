@@ -79,7 +79,7 @@ results_dir = None  # results mode: the committed results' folder (None: the che
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from pflkit.fl.federation import federation_for
+from pflkit.fl.federate import federation_for
 from pflkit.notebooks.session import setup
 from pflkit.report import readings
 from pflkit.report.figures import plot_label_distribution, plot_methods, plot_per_client, plot_rounds, save_figure

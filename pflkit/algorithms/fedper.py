@@ -14,19 +14,20 @@ A client's first download also carries the starting values of its personal part
 (``state["served"]``), so the bytes in the history are what really travels.
 Clients never sampled are evaluated with those starting values.
 
-Participation (``participation``, `pflkit.algorithms.fedavg`): ``"sampled"`` (default)
+Participation (``participation``, `pflkit.fl.sampling`): ``"sampled"`` (default)
 trains only the clients the loop samples; ``"broadcast"`` (pFedVEM sec. 3.1, after
 pFedMe) trains every client every round (each keeps its newly trained head) while only
-the reporters' bases are averaged.
+the reporters' bases are averaged (``silent_update``: the whole update, the base not sent).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflkit.algorithms.fedavg import FedAvgConfig, flag, report_metrics, reported, roster, unflag
+from pflkit.algorithms.fedavg import FedAvgConfig
 from pflkit.config import require
 from pflkit.fl.aggregate import weighted_mean
 from pflkit.fl.algorithm import Algorithm, Update
+from pflkit.fl.sampling import reported
 from pflkit.fl.train import evaluate_model, get_state, round_sgd, set_state
 
 
@@ -37,7 +38,7 @@ def _under(name: str, prefixes) -> bool:
 @dataclass(frozen=True)
 class FedPerConfig(FedAvgConfig):
     """Attributes: personal = module-name prefixes kept on the client (default: the head);
-    participation, report_fraction: FedAvg's protocol (`pflkit.algorithms.fedavg`; default ``"sampled"``)."""
+    participation, report_fraction: FedAvg's protocol (`pflkit.fl.sampling`; default ``"sampled"``)."""
 
     personal: tuple[str, ...] = ("head",)
 
@@ -61,13 +62,12 @@ def split_state(state: dict, cfg) -> tuple[dict, dict]:
 
 def init(model, fed, cfg, env) -> dict:
     shared, personal = split_state(get_state(model), cfg)
-    return {"weights": shared, "init_personal": personal, "served": [], **roster(fed, cfg)}
+    return {"weights": shared, "init_personal": personal, "served": []}
 
 
 def broadcast(state, client_id, cfg, env):
     first = client_id not in state["served"]
-    msg = {"shared": state["weights"], "personal": state["init_personal"] if first else None}
-    return flag(msg, state, client_id, cfg, env)
+    return {"shared": state["weights"], "personal": state["init_personal"] if first else None}
 
 
 def _model(shared, personal, env):
@@ -75,15 +75,13 @@ def _model(shared, personal, env):
 
 
 def client_update(msg, client, client_state, cfg, env):
-    msg, report = unflag(msg, cfg)
     personal = client_state if client_state is not None else msg["personal"]
     if personal is None:
         raise ValueError(f"client {client.id} holds no personal layers and received none")
     model = _model(msg["shared"], personal, env)
     stats = round_sgd(model, client, cfg, env)
     shared, personal = split_state(get_state(model), cfg)
-    metrics = {"loss": stats["loss"], **report_metrics(cfg, report)}
-    return Update(client.id, client.num("train"), shared if report else None, metrics), personal
+    return Update(client.id, client.num("train"), shared, {"loss": stats["loss"]}), personal
 
 
 def aggregate(state, updates, cfg, env):
@@ -104,4 +102,5 @@ def evaluate(state, client, client_state, cfg, env, split):
 FEDPER = Algorithm(
     name="fedper", label="FedPer", config=FedPerConfig, init=init, broadcast=broadcast,
     client_update=client_update, aggregate=aggregate, evaluate=evaluate, vectorizable=True,
+    silent_update=client_update,  # a non-reporter trains and keeps its head; its base stays home
 )

@@ -53,7 +53,8 @@ import torch
 from pflkit.algorithms import hypernet as hn
 from pflkit.config import OMIT_DEFAULT, non_negative, one_of, positive, require
 from pflkit.fl.algorithm import Algorithm, FLConfig, Update, replace
-from pflkit.fl.federation import Federation, contiguous_group
+from pflkit.fl.federate import contiguous_group
+from pflkit.fl.federation import Federation
 from pflkit.fl.loop import StageResult, run_rounds
 from pflkit.fl.train import evaluate_model, round_sgd
 from pflkit.fl.transport import evaluate_clients

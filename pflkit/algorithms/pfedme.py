@@ -19,13 +19,13 @@ every client every round, so each theta_i comes from the latest global model;
 procedure from the current global model at evaluation time (deterministic per
 client), ``"last"`` reuses the theta_i a client kept from its last round.
 
-Participation (``participation``, `pflkit.algorithms.fedavg`): ``"sampled"`` (default)
+Participation (``participation``, `pflkit.fl.sampling`): ``"sampled"`` (default)
 trains only the clients the loop samples; ``"broadcast"`` is pFedMe's own protocol
 (Alg. 1: every client computes theta_i and w_i from the broadcast w each round, a
 subset S^t sends w_i back), with each client reporting with probability
 ``report_fraction``. With ``eval_mode="last"`` every client then keeps the theta_i of
 the latest round, which is what pFedMe's code evaluates; with ``"fresh"`` a
-non-reporting client's work leaves nothing behind, so it is skipped.
+non-reporting client's work leaves nothing behind, so it is skipped (`silent_update`).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms import fedavg
-from pflkit.algorithms.fedavg import FEDAVG, FedAvgConfig, report_metrics, unflag
+from pflkit.algorithms.fedavg import FEDAVG, FedAvgConfig
 from pflkit.config import one_of, positive, require
 from pflkit.fl.algorithm import Update, replace
 from pflkit.fl.train import check_finite, evaluate_model, get_state, make_sgd, set_state
@@ -101,14 +101,18 @@ def personalize(weights: dict, client, cfg, env, generator: torch.Generator, lr:
 
 
 def client_update(msg, client, client_state, cfg, env):
-    msg, report = unflag(msg, cfg)
-    if not report and cfg.eval_mode == "fresh":  # nothing it would compute is kept or sent
-        return Update(client.id, 0, None, report_metrics(cfg, False)), client_state
     theta, local, loss = personalize(msg, client, cfg, env, env.generator("client", client.id, env.round),
                                      cfg.lr_at(env.round))
     keep = theta if cfg.eval_mode == "last" else None
-    metrics = {"loss": loss, **report_metrics(cfg, report)}
-    return Update(client.id, client.num("train"), local if report else None, metrics), keep
+    return Update(client.id, client.num("train"), local, {"loss": loss}), keep
+
+
+def silent_update(msg, client, client_state, cfg, env):
+    """A client that does not report (``participation="broadcast"``): with ``eval_mode="last"`` the whole
+    update, keeping theta_i (w_i is not sent); with ``"fresh"`` nothing it would compute is kept: skipped."""
+    if cfg.eval_mode == "fresh":
+        return Update(client.id, 0, None), client_state
+    return client_update(msg, client, client_state, cfg, env)
 
 
 def aggregate(state, updates, cfg, env):
@@ -133,4 +137,4 @@ def evaluate(state, client, client_state, cfg, env, split):
 
 # FedAvg's server state, broadcast (with its participation protocol) and exported global model
 PFEDME = replace(FEDAVG, name="pfedme", label="pFedMe", config=PFedMeConfig, client_update=client_update,
-                 aggregate=aggregate, evaluate=evaluate, vectorizable=False)
+                 aggregate=aggregate, evaluate=evaluate, vectorizable=False, silent_update=silent_update)

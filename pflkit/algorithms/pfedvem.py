@@ -23,12 +23,12 @@ cross-entropy + KL / n_j), which leaves the maximizer of Eq. 5 unchanged (the au
 code sums the loss and uses a fixed learning rate; our head step adapts to the curvature).
 
 Protocol (sec. 3.1, after pFedMe; ``participation``, shared with the other methods of the
-tables in `pflkit.algorithms.fedavg`): ``"broadcast"`` (default) is Alg. 1 lines 2-8. The
+tables; `pflkit.fl.sampling`): ``"broadcast"`` (default) is Alg. 1 lines 2-8. The
 server broadcasts to **all** clients every round (run with the loop's ``fraction = 1``) and
 every client updates its ``q_j``, but each reports only with probability
 ``report_fraction`` (0.1), drawn as the loop's Bernoulli sampling would draw it. A
 non-reporting client updates only its head (its base update would be overwritten by the
-next broadcast and is not used in evaluation, so it is skipped) and sends nothing.
+next broadcast and is not used in evaluation, so it is skipped: ``silent_update``) and sends nothing.
 ``"sampled"`` lets the loop's own sampling (e.g. ``sampling = "bernoulli"``, ``fraction =
 0.1``) decide: then only sampled clients train, and all of them report. ``report_fraction
 = 0`` is the earlier spelling of ``"sampled"`` and still means it.
@@ -46,10 +46,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.fedavg import FedAvgConfig, flag, report_metrics, reported, roster, unflag
+from pflkit.algorithms.fedavg import FedAvgConfig
 from pflkit.config import one_of, positive, require
 from pflkit.fl.aggregate import precision_weighted_mean, weighted_mean
 from pflkit.fl.algorithm import Algorithm, Update
+from pflkit.fl.sampling import reported
 from pflkit.fl.train import check_finite, evaluate_model, get_state, round_sgd, set_state
 from pflkit.models.introspect import head_param_names
 
@@ -221,12 +222,12 @@ def init(model, fed, cfg, env) -> dict:
     keys = head_param_names(model)
     state = get_state(model)
     w = torch.cat([state[k].flatten() for k in keys])  # weight rows, then bias
-    return {"base": {k: v for k, v in state.items() if k not in keys}, "w": w, **roster(fed, cfg)}
+    return {"base": {k: v for k, v in state.items() if k not in keys}, "w": w}
 
 
 def broadcast(state, client_id, cfg, env):
-    """Alg. 1 line 2: w (and the shared base) to the client; under "broadcast" also whether it reports."""
-    return flag({"base": state["base"], "w": state["w"]}, state, client_id, cfg, env)
+    """Alg. 1 line 2: w (and the shared base) to the client."""
+    return {"base": state["base"], "w": state["w"]}
 
 
 def _load(env, base: dict, head: torch.Tensor):
@@ -299,9 +300,11 @@ def _base_of(model, env) -> dict:
     return {k: v for k, v in get_state(model).items() if k not in keys}
 
 
-def vem_client_update(msg, client, client_state, cfg, env):
-    """Alg. 1 lines 3-7 on client j: rho_j^2, E-step on q_j, base update, report (mu_j, rho_j^2)."""
-    msg, report = unflag(msg, cfg)
+def _vem_head(msg, client, client_state, cfg, env):
+    """Alg. 1 lines 3-5 on client j: rho_j^2 and the E-step on q_j.
+
+    Returns ``(model, mu, sigma, new client state, metrics)``, the model holding the broadcast base and w.
+    """
     w = msg["w"].to(env.device)
     if client_state is None:  # a new client's q_j starts at the global head
         client_state = {"mu": w.clone(), "raw": softplus_inverse(cfg.init_scale, w.device).expand_as(w).clone()}
@@ -321,20 +324,28 @@ def vem_client_update(msg, client, client_state, cfg, env):
                      objective, cfg)
     mu, sigma = mu.detach(), F.softplus(raw.detach())
     rho2 = rho_squared(mu, sigma, w)  # Alg. 1 line 4 with q_j^{t+1}: what the server weighs
-    new_state = {"mu": mu, "raw": raw.detach(), "rho2": rho2}
-    metrics = {"loss": loss, "rho2": rho2, "sigma": float(sigma.mean()), **report_metrics(cfg, report)}
-    if not report:
-        return Update(client.id, client.num("train"), None, metrics), new_state
+    metrics = {"loss": loss, "rho2": rho2, "sigma": float(sigma.mean())}
+    return model, mu, sigma, {"mu": mu, "raw": raw.detach(), "rho2": rho2}, metrics
+
+
+def vem_silent_update(msg, client, client_state, cfg, env):
+    """A client that does not report (``participation="broadcast"``): its E-step only (it keeps q_j)."""
+    _, _, _, new_state, metrics = _vem_head(msg, client, client_state, cfg, env)
+    return Update(client.id, client.num("train"), None, metrics), new_state
+
+
+def vem_client_update(msg, client, client_state, cfg, env):
+    """Alg. 1 lines 3-7 on client j: rho_j^2, E-step on q_j, base update, report (mu_j, rho_j^2)."""
+    model, mu, sigma, new_state, metrics = _vem_head(msg, client, client_state, cfg, env)
     bgen = env.generator("base-heads", client.id, env.round)
     _train_base(model, client, lambda: sample_heads(mu, sigma, cfg.n_mc, bgen), cfg, env)
     # rho2 travels as a host scalar: the server reads it as a number (no device sync)
-    payload = {"base": _base_of(model, env), "mu": mu, "rho2": torch.tensor(rho2, device="cpu")}
+    payload = {"base": _base_of(model, env), "mu": mu, "rho2": torch.tensor(new_state["rho2"], device="cpu")}
     return Update(client.id, client.num("train"), payload, metrics), new_state
 
 
-def map_client_update(msg, client, client_state, cfg, env):
-    """pFedMAP on client j: proximal head step toward w (fixed rho), base update, report theta_j."""
-    msg, report = unflag(msg, cfg)
+def _map_head(msg, client, client_state, cfg, env):
+    """pFedMAP on client j: the proximal head step toward w (fixed rho). Returns ``(model, theta, metrics)``."""
     w = msg["w"].to(env.device)
     theta = (w if client_state is None else client_state["mu"].to(env.device)).clone().requires_grad_(True)
     model = _load(env, msg["base"], w)
@@ -343,11 +354,20 @@ def map_client_update(msg, client, client_state, cfg, env):
     groups = [{"params": [theta], "L": head_lipschitz(z) + 1.0 / (rho2 * n)}]
     loss = _fit_head(groups, lambda: map_loss(z, y, theta, w, rho2, C) / n, cfg)
     theta = theta.detach()
-    metrics = {"loss": loss, "dist2": float(((theta - w) ** 2).sum()), **report_metrics(cfg, report)}
-    if not report:
-        return Update(client.id, client.num("train"), None, metrics), {"mu": theta}
+    return model, theta, {"loss": loss, "dist2": float(((theta - w) ** 2).sum())}
+
+
+def map_silent_update(msg, client, client_state, cfg, env):
+    """A pFedMAP client that does not report (``participation="broadcast"``): its head step only."""
+    _, theta, metrics = _map_head(msg, client, client_state, cfg, env)
+    return Update(client.id, client.num("train"), None, metrics), {"mu": theta}
+
+
+def map_client_update(msg, client, client_state, cfg, env):
+    """pFedMAP on client j: proximal head step toward w (fixed rho), base update, report theta_j."""
+    model, theta, metrics = _map_head(msg, client, client_state, cfg, env)
     _train_base(model, client, lambda: theta.unsqueeze(0), cfg, env)
-    payload = {"base": _base_of(model, env), "mu": theta, "rho2": torch.tensor(rho2, device="cpu")}
+    payload = {"base": _base_of(model, env), "mu": theta, "rho2": torch.tensor(cfg.rho ** 2, device="cpu")}
     return Update(client.id, client.num("train"), payload, metrics), {"mu": theta}
 
 
@@ -416,11 +436,11 @@ def global_model(state) -> dict:
 PFEDVEM = Algorithm(
     name="pfedvem", label="pFedVEM", config=PFedVEMConfig, init=init, broadcast=broadcast,
     client_update=vem_client_update, aggregate=aggregate, evaluate=evaluate, global_model=global_model,
-    report=trust_report,
+    report=trust_report, silent_update=vem_silent_update,
 )
 
 PFEDMAP = Algorithm(
     name="pfedmap", label="pFedMAP", config=PFedMAPConfig, init=init, broadcast=broadcast,
     client_update=map_client_update, aggregate=aggregate, evaluate=evaluate, global_model=global_model,
-    report=trust_report,
+    report=trust_report, silent_update=map_silent_update,
 )

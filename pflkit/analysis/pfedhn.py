@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from pflkit.data.partition import nearest_tv
-from pflkit.fl.federation import Federation, contiguous_group
+from pflkit.fl.federate import contiguous_group
+from pflkit.fl.federation import Federation
 
 
 # ---------------------------------------------------------------- Fig. 3

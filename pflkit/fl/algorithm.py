@@ -16,6 +16,10 @@ An `Algorithm` is not a trainer class. It names five phases that the round loop
 ``evaluate(state, client, client_state, cfg, env, split) -> Metrics``
     the client's (personalized) model on its ``"val"`` or ``"test"`` split.
 
+The participation protocol (`pflkit.fl.sampling`) is not a phase: the loop and the transports call
+`Algorithm.start`, `Algorithm.send` and `Algorithm.respond`, which wrap ``init``, ``broadcast`` and
+``client_update`` in it, so a phase sees plain messages under every ``participation`` mode.
+
 A variant replaces only the phase it changes: ``dataclasses.replace(FEDAVG,
 name="fedprox", client_update=prox_update)``. Every phase must be a function of
 its arguments only; randomness comes from ``env.generator(...)`` keyed by seed,
@@ -34,6 +38,7 @@ import torch
 from torch import nn
 
 from pflkit.config import ConfigError, fraction, non_negative, one_of, positive, require
+from pflkit.fl.sampling import SAMPLING, broadcasting, flag, roster, unflag
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class FLConfig:
     def __post_init__(self):
         require(isinstance(self.rounds, int) and self.rounds >= 0, "rounds", self.rounds, "must be an integer >= 0")
         fraction("fraction", self.fraction)
-        one_of("sampling", self.sampling, {"fraction", "bernoulli"})
+        one_of("sampling", self.sampling, set(SAMPLING))
         require(self.eval_every >= 0, "eval_every", self.eval_every, "must be >= 0")
         require(self.eval_clients >= 0, "eval_clients", self.eval_clients, "must be >= 0")
         one_of("select", self.select, {"val_acc", "val_loss", "update_val_loss", "update_val_loss_mean"})
@@ -232,6 +237,12 @@ class Algorithm:
             for the federation's unseen clients (``data.unseen_clients``) once training ends, before they
             count: pFedHN learns each one's embedding with the hypernetwork frozen (sec. 5.3). None: they
             are tested as training left them (FedL2P's meta-nets serve them as they are, sec. 4.3).
+        silent_update: under ``participation="broadcast"``, what a client that got the broadcast but does not
+            report does: ``silent_update(msg, client, client_state, cfg, env) -> (Update, client_state)``,
+            its payload not sent (FedPer: the whole update, keeping its new head; pFedVEM: the E-step on its
+            posterior, no base training). None: nothing, its client state unchanged (FedAvg and its variants:
+            their local model would only feed the report). A variant that replaces ``client_update`` of an
+            algorithm with a ``silent_update`` replaces that too.
     """
 
     name: str
@@ -252,6 +263,32 @@ class Algorithm:
     eval_view: Callable = lambda state, cid, cfg, env: state
     eval_from_view: Callable | None = None
     fit_unseen: Callable | None = None
+    silent_update: Callable | None = None
+
+    def start(self, model, fed, cfg, env: Env):
+        """``init``'s server state plus what the participation protocol keeps there (`pflkit.fl.sampling.roster`)."""
+        return {**self.init(model, fed, cfg, env), **roster(fed, cfg)}
+
+    def send(self, state, client_id: int, cfg, env: Env):
+        """What travels to ``client_id``: ``broadcast``'s message, flagged with whether it reports under
+        ``participation="broadcast"`` (`pflkit.fl.sampling.flag`)."""
+        return flag(self.broadcast(state, client_id, cfg, env), state, client_id, cfg, env)
+
+    def respond(self, msg, client, client_state, cfg, env: Env) -> tuple[Update, Any]:
+        """A client's answer to what `send` sent: ``client_update`` on the plain message; under
+        ``participation="broadcast"`` a client that does not report runs ``silent_update`` (or nothing) and
+        sends no payload, and the metrics say ``reported`` (0 / 1: the loop logs the round's share)."""
+        if not broadcasting(cfg):
+            return self.client_update(msg, client, client_state, cfg, env)
+        msg, report = unflag(msg, cfg)
+        if report:
+            upd, client_state = self.client_update(msg, client, client_state, cfg, env)
+        elif self.silent_update is not None:
+            upd, client_state = self.silent_update(msg, client, client_state, cfg, env)
+            upd = dataclasses.replace(upd, payload=None)
+        else:
+            upd = Update(client.id, 0, None)
+        return dataclasses.replace(upd, metrics={**upd.metrics, "reported": float(report)}), client_state
 
     def evaluate_view(self, view, client, client_state, cfg, env, split) -> Metrics:
         """The client's metrics on ``split`` from ``eval_view``'s view of the server state."""

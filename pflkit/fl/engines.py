@@ -119,7 +119,7 @@ def thread_workers(cpus: int, clients: int) -> int:
 
 
 def _client_update(algo: Algorithm, msg, client, client_state, cfg, env: Env):
-    return algo.client_update(msg, client, client_state, cfg, env)
+    return algo.respond(msg, client, client_state, cfg, env)
 
 
 def nbytes(obj: Any) -> int:
@@ -147,9 +147,9 @@ def run_sequential(algo: Algorithm, state, ids: list[int], fed, client_states: d
     """
     out = []
     for cid in ids:
-        msg = algo.broadcast(state, cid, cfg, env)
+        msg = algo.send(state, cid, cfg, env)
         env.seed_torch("client", cid, env.round)
-        upd, client_states[cid] = algo.client_update(msg, fed.clients[cid], client_states.get(cid), cfg, env)
+        upd, client_states[cid] = algo.respond(msg, fed.clients[cid], client_states.get(cid), cfg, env)
         out.append((upd, client_states[cid], nbytes(msg)))
     return out
 
@@ -195,7 +195,7 @@ def run_threads(algo: Algorithm, state, ids: list[int], fed, client_states: dict
             if any(f.done() and f.exception() is not None for f, _ in tasks):
                 free.put(view)
                 break
-            msg = algo.broadcast(state, cid, cfg, env)
+            msg = algo.send(state, cid, cfg, env)
             run_in_context: Callable = contextvars.copy_context().run
             fut = pool.submit(run_in_context, _client_update, algo, msg, fed.clients[cid], client_states.get(cid),
                               cfg, view)
@@ -262,7 +262,7 @@ def run_vectorized(algo: Algorithm, state, ids: list[int], fed, client_states: d
     out = []
     direct = plain_sgd(algo, cfg)
     for chunk in _chunks(list(ids)):
-        msgs = [algo.broadcast(state, cid, cfg, env) for cid in chunk]
+        msgs = [algo.send(state, cid, cfg, env) for cid in chunk]
         if direct:
             results = run_plain(algo, msgs, chunk, fed, client_states, cfg, env, _noter(algo))
             out.extend((upd, new, nbytes(msg)) for msg, (upd, new) in zip(msgs, results))

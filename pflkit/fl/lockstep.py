@@ -26,8 +26,10 @@ import torch
 
 from pflkit import kernels
 from pflkit.fl.algorithm import Algorithm, Env, Update
+from pflkit.fl.sampling import broadcasting
 from pflkit.fl.train import SGD_OFFLOAD, round_sgd, set_state
-from pflkit.fl.vectorized import Request, run_members, memory_budget, signature, why_not
+from pflkit.fl.batchable import memory_budget, signature, why_not
+from pflkit.fl.vectorized import Request, run_members
 
 __all__ = ["plain_sgd", "run_plain"]
 
@@ -35,8 +37,7 @@ __all__ = ["plain_sgd", "run_plain"]
 def plain_sgd(algo: Algorithm, cfg) -> bool:
     """Whether ``algo``'s client update is FedAvg's plain local SGD (`Algorithm.plain_sgd`, still its
     ``client_update``: a variant that replaces it is not) under the sampled protocol."""
-    return algo.plain_sgd is not None and algo.plain_sgd is algo.client_update and \
-        getattr(cfg, "participation", "sampled") == "sampled"
+    return algo.plain_sgd is not None and algo.plain_sgd is algo.client_update and not broadcasting(cfg)
 
 
 def _plans(work: list[tuple], cfg, env: Env) -> list[Request]:
@@ -91,7 +92,7 @@ def run_plain(algo: Algorithm, msgs: list, ids: list[int], fed, client_states: d
             raise r.error
         if r.stats is None:  # not batched: the sequential engine's update, here
             env.seed_torch("client", cid, env.round)
-            upd, client_states[cid] = algo.client_update(msg, client, client_states.get(cid), cfg, env)
+            upd, client_states[cid] = algo.respond(msg, client, client_states.get(cid), cfg, env)
         else:
             upd = Update(client.id, client.num("train"), r.state, {"loss": r.stats["loss"]})
             client_states[cid] = client_states.get(cid)

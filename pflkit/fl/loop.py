@@ -10,7 +10,7 @@ process (`LocalTransport`, the default) or on Flower nodes
 (`pflkit.flower.server_app.PflkitStrategy`); the loop is the same for both, so a stage
 gives the same history and results whichever carries its messages.
 
-Determinism: client sampling draws from (seed, round) and each client update from
+Determinism: client sampling (`pflkit.fl.sampling`) draws from (seed, round) and each client update from
 (seed, client, round), so a run resumed from a checkpoint ends with exactly the
 numbers of an uninterrupted one, and the engine that runs a round's client updates
 (``env.engine``: one after the other, or in a pool of CPU threads; `pflkit.fl.engines`)
@@ -34,40 +34,13 @@ from pflkit.config import to_dict
 from pflkit.fl.algorithm import Algorithm, Env, FLConfig, Update, check_config
 from pflkit.fl.engines import check_engine, fallback_reason
 from pflkit.fl.federation import Federation
+from pflkit.fl.sampling import SamplingRule, eval_clients, sample_clients
 from pflkit.fl.train import Diverged
 from pflkit.fl.transport import Evaluation, LocalTransport, RoundWork, Transport
 from pflkit.io import load_torch, progress_bar, save_torch
 from pflkit.kernels import use_backend
 
 log = logging.getLogger(__name__)
-
-
-def sample_clients(clients: int | list[int], cfg: FLConfig, env: Env, round_index: int) -> list[int]:
-    """Clients taking part in a round (FedL2P Alg. 1 line 3; pFedMe's Bernoulli protocol).
-
-    ``clients``: the ids that may take part (or their count C, meaning 0..C-1).
-    ``fraction``: max(1, round(r * C)) clients without replacement. ``bernoulli``: each
-    client independently with probability r (at least one client: redrawn if none).
-    """
-    ids = list(range(clients)) if isinstance(clients, int) else list(clients)
-    n = len(ids)
-    gen = env.generator("sample", round_index)
-    if cfg.sampling == "fraction":
-        k = max(1, int(round(cfg.fraction * n)))
-        return sorted(ids[i] for i in torch.randperm(n, generator=gen, device="cpu")[:k].tolist())
-    while True:
-        picked = (torch.rand(n, generator=gen, device="cpu") < cfg.fraction).nonzero().flatten().tolist()
-        if picked:
-            return [ids[i] for i in picked]
-
-
-def eval_clients(clients: int | list[int], cfg: FLConfig, env: Env) -> list[int]:
-    """The clients of every validation pass: all (seen) clients, or a fixed random subset."""
-    ids = list(range(clients)) if isinstance(clients, int) else list(clients)
-    if cfg.eval_clients == 0 or cfg.eval_clients >= len(ids):
-        return ids
-    gen = env.generator("eval-clients")
-    return sorted(ids[i] for i in torch.randperm(len(ids), generator=gen, device="cpu")[: cfg.eval_clients].tolist())
 
 
 def summarize(per_client: dict[int, dict]) -> dict[str, float]:
@@ -241,7 +214,7 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
         log.info("%s: engine %s runs its clients sequentially: %s", algo.name, env.engine, why)
     t0 = time.perf_counter()
     transport.open(algo, cfg, fed, env)
-    state = algo.init(model, fed, cfg, env)
+    state = algo.start(model, fed, cfg, env)
     history: list[dict] = []
     best: tuple[float, int, Any] | None = None
     start, earlier = 0, 0.0
@@ -258,7 +231,7 @@ def _stage(algo: Algorithm, cfg: FLConfig, fed: Federation, model: torch.nn.Modu
         for t in bar:
             now = env.at_round(t)  # the round's context: phases read the round, none can change it
             tr = time.perf_counter()
-            ids = sample_clients(fed.seen_ids, cfg, env, t)
+            ids = sample_clients(fed.seen_ids, SamplingRule.of(cfg), env, t)
             work = transport.train(state, ids, now)
             used.add(work.engine)
             if work.updates:

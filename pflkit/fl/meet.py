@@ -5,7 +5,7 @@ rounds (`_Workers`); every `pflkit.fl.train.local_sgd` call in those threads han
 stream to a `Rendezvous` (through `pflkit.fl.train.SGD_OFFLOAD`) and waits. When every client thread
 is waiting or finished, the calling thread runs the waiting plans together
 (`pflkit.fl.vectorized.run_plans`) and wakes the threads, which go on with their update. Plans that
-cannot be batched (`pflkit.fl.vectorized.why_not`) run in their own thread with the ordinary loop.
+cannot be batched (`pflkit.fl.batchable.why_not`) run in their own thread with the ordinary loop.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import threading
 from functools import partial
 from typing import Any, Callable, Iterator
 
+from pflkit.fl.batchable import why_not
 from pflkit.fl.train import SGD_OFFLOAD, Batch, SGDPlan
-from pflkit.fl.vectorized import Request, run_plans, why_not
+from pflkit.fl.vectorized import Request, run_plans
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,10 @@ history row, validation schedule, keep-best, divergence, checkpoints, the test p
 transport only carries the loop's messages to the clients and brings their answers back:
 
 ``train(state, ids, env) -> RoundWork``
-    in the round of ``env`` (`Env.at_round`): ``algo.broadcast`` for each sampled client, its ``client_update`` wherever that client
-    lives, the updates back in the order of ``ids`` (those that answered), the bytes that
-    travelled and the clients that failed (id -> one-line reason).
+    in the round of ``env`` (`Env.at_round`): ``algo.send`` for each sampled client, its
+    ``algo.respond`` wherever that client lives (both wrap the algorithm's phases in the
+    participation protocol, `pflkit.fl.sampling`), the updates back in the order of ``ids``
+    (those that answered), the bytes that travelled and the clients that failed (id -> one-line reason).
 ``evaluate(state, ids, split, env, at_best) -> Evaluation``
     each client's metrics on ``split`` with the evaluation view of the state
     (`Algorithm.eval_view`), with the client states of the best round when ``at_best``.

@@ -7,12 +7,13 @@ update that is plain local SGD (FedAvg's) needs no thread: `pflkit.fl.lockstep` 
 group here and takes each client's trained state from the stacks (`Request.keep`).
 
 Plans that agree on the architecture, the trainable tensors and the SGD settings form a group
-(`signature`). A group's parameters, buffers (each client's BatchNorm statistics) and momentum
-buffers are stacked along a leading client axis once, and every step is one ``vmap`` of the
-model's forward over the clients, one loss for all of them and one ordinary backward pass of
-their summed losses (client ``i``'s loss depends on its slice alone, so that gives each its own
-gradient; a ``vmap(grad(...))`` cost the host several times more per step), followed by
-`torch.optim.SGD`'s arithmetic on the stacks; the stacks go back into the clients' models once.
+(`pflkit.fl.batchable.signature`, beside what cannot be batched and the memory budget). A group's
+parameters, buffers (each client's BatchNorm statistics) and momentum buffers are stacked along a
+leading client axis once, and every step is one ``vmap`` of the model's forward over the clients,
+one loss for all of them and one ordinary backward pass of their summed losses (client ``i``'s loss
+depends on its slice alone, so that gives each its own gradient; a ``vmap(grad(...))`` cost the host
+several times more per step), followed by `torch.optim.SGD`'s arithmetic on the stacks; the stacks
+go back into the clients' models once.
 
 Lockstep: at step ``s`` every client of the group takes its ``s``-th batch from its own stream,
 made by the same generator calls as in the sequential engine, so the clients see the batches
@@ -21,17 +22,18 @@ data in one tensor) every client's batch positions are drawn up front with those
 step's batches are gathered with one index op from the pooled tensors. A client whose stream has
 ended is masked out (its tensors stay as they are) and the group goes on with the others.
 Clients whose ``s``-th batch has another size (the short last batch of an epoch) are padded and
-their padding masked out of the loss when the model computes each sample on its own (`paddable`),
+their padding masked out of the loss when the model computes each sample on its own
+(`pflkit.fl.batchable.paddable`),
 else they form a subgroup of their own at that step, because padding would change BatchNorm's
 batch statistics.
 
-Memory: with a budget (`memory_budget`: ``$PFLKIT_VECTOR_MEMORY``, on CUDA half the free memory)
-a group's first step measures what it takes (`MemoryProbe`: the activations autograd saves plus
-the stacked state) and, when the whole group would not fit, the group runs in chunks that do;
-running out of memory anyway splits it in halves.
+Memory: with a budget (`pflkit.fl.batchable.memory_budget`: ``$PFLKIT_VECTOR_MEMORY``, on CUDA
+half the free memory) a group's first step measures what it takes (`pflkit.fl.batchable.MemoryProbe`:
+the activations autograd saves plus the stacked state) and, when the whole group would not fit, the
+group runs in chunks that do; running out of memory anyway splits it in halves.
 
-Plans that cannot be batched (`why_not`: a custom criterion, a free-form extra loss, gradient
-hooks, dropout, ...) run in their own thread with the ordinary loop, and say why once.
+Plans that cannot be batched (`pflkit.fl.batchable.why_not`: a custom criterion, a free-form extra
+loss, gradient hooks, dropout, ...) run in their own thread with the ordinary loop, and say why once.
 Custom ops run their pure-PyTorch reference inside the vmap (`pflkit.kernels`). The numbers
 equal the sequential engine's to float rounding (tests/fl/test_vectorized.py) as training amplifies
 it: a deep BatchNorm net moves as far from a one-ulp change of its start (ResNet-18 FedAvg, 2-3
@@ -39,12 +41,9 @@ rounds of 5 steps: 0.34-0.46 at most over the server state), and the vectorized 
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import os
 import threading
-import types
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -55,57 +54,13 @@ from torch.func import functional_call, vmap
 
 from pflkit import kernels
 from pflkit.errors import Diverged
+from pflkit.fl.batchable import GroupFallback, MemoryProbe, fallback_from, memory_budget, paddable, signature
 from pflkit.fl.lockstep_batches import Source, loose_steps, pooled_steps
 from pflkit.fl.train import Batch, SGDPlan, check_finite, sgd_step
 
 log = logging.getLogger(__name__)
 
-__all__ = ["why_not", "signature", "run_plans", "run_members", "Request", "paddable", "memory_budget", "MemoryProbe"]
-
-
-# ----------------------------------------------------------------------------- what can be batched
-
-def _stray_tensor(module: nn.Module) -> str:
-    """The name of a tensor a module holds outside its parameters and buffers ("" if none): such a
-    tensor would be shared by every client of a group, since a group runs one module's code."""
-    return next((k for k, v in vars(module).items() if isinstance(v, torch.Tensor)), "")
-
-
-def why_not(plan: SGDPlan) -> str:
-    """Why ``plan`` cannot run in a vmapped group ("" when it can)."""
-    if not plan.params:
-        return "no trainable parameters"
-    if plan.criterion is not None:
-        return "a custom training criterion"
-    if plan.extra_loss is not None:
-        return "a free-form extra loss term"
-    named = {id(p) for p in plan.model.parameters()}
-    if any(id(p) not in named for p in plan.params):
-        return "it trains parameters outside its model"
-    if any(p._backward_hooks for p in plan.model.parameters()):
-        return "gradient hooks on its parameters"
-    for name, m in plan.model.named_modules():
-        where = name or "the model"
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
-            return f"hooks on {where}"
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training:
-            return f"dropout in {where} draws from torch's global random stream"
-        stray = _stray_tensor(m)
-        if stray:
-            return f"{where} holds a tensor attribute {stray!r}"
-    return ""
-
-
-def signature(plan: SGDPlan) -> tuple:
-    """What plans must share to run in one group: the module (its code and settings, via its repr and
-    training flags), the shape, dtype and device of every tensor, the trainable names, the SGD settings."""
-    model = plan.model
-    names = {id(p): n for n, p in model.named_parameters()}
-    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
-    return (type(model), repr(model), tuple(m.training for m in model.modules()),
-            tuple((n, tuple(t.shape), t.dtype, str(t.device)) for n, t in tensors),
-            tuple(names[id(p)] for p in plan.params), plan.lr, plan.momentum, plan.weight_decay,
-            plan.max_grad_norm, None if plan.prox is None else plan.prox[0], plan.loss_decay)
+__all__ = ["Request", "run_plans", "run_members"]
 
 
 # ----------------------------------------------------------------------------- one group in lockstep
@@ -123,40 +78,6 @@ class Request:
     # stacks) instead of copying them into ``plan.model`` (plans may then share one model)
     keep: bool = False
     state: dict | None = None
-
-
-class _Fallback(Exception):
-    """A group's stacking or first vmapped step failed: nothing has moved yet. ``memory``: it ran out of
-    memory (then halves of the group are tried); ``per_client``: the bytes one client's step takes, when
-    the group's first step measured more than the memory budget (then chunks that fit are tried)."""
-
-    def __init__(self, why: str, memory: bool, per_client: int = 0):
-        super().__init__(why)
-        self.memory, self.per_client = memory, per_client
-
-
-def _fallback(e: Exception) -> _Fallback:
-    memory = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
-    return _Fallback(f"{type(e).__name__}: {' '.join(str(e).split())[:160]}", memory)
-
-
-# leaf modules whose output for one sample depends on that sample alone: a group of models made of these
-# (and containers) can pad a short batch with masked samples; BatchNorm and anything unknown cannot
-PER_SAMPLE = (nn.Linear, nn.Bilinear, nn.Identity, nn.Flatten, nn.Unflatten, nn.Embedding, nn.ReLU, nn.ReLU6,
-              nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.Softplus, nn.Hardswish, nn.Mish,
-              nn.modules.conv._ConvNd, nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
-              nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd, nn.LayerNorm,
-              nn.GroupNorm, nn.modules.dropout._DropoutNd)
-
-
-def paddable(model: nn.Module) -> bool:
-    """Whether padding a batch with extra samples leaves the real samples' outputs as they are: no
-    buffers (BatchNorm's statistics), every leaf module in `PER_SAMPLE` (dropout only at p = 0 or in
-    eval mode; `why_not` has kept the others out)."""
-    if next(model.buffers(), None) is not None:
-        return False
-    leaves = (m for m in model.modules() if next(m.children(), None) is None)
-    return all(isinstance(m, PER_SAMPLE) for m in leaves)
 
 
 def _forward_fn(template: nn.Module, names: list[str]) -> Callable:
@@ -345,7 +266,7 @@ def _run_group(reqs: list[Request], budget: int | None = None) -> None:
     try:
         group = _Group([r.plan for r in reqs])
     except Exception as e:
-        raise _fallback(e) from e
+        raise fallback_from(e) from e
     if budget is not None:
         group.measure = MemoryProbe(budget, len(reqs)).check
     src = Source(reqs)
@@ -363,7 +284,7 @@ def _run_group(reqs: list[Request], budget: int | None = None) -> None:
                 if step > 0:
                     raise
                 src.restart(live, got, 0)  # nothing has moved yet: each plan starts over with its batches
-                raise e if isinstance(e, _Fallback) else _fallback(e) from e
+                raise e if isinstance(e, GroupFallback) else fallback_from(e) from e
         step += 1
     group.write_back([i for i, r in enumerate(reqs) if not r.keep])
     kept = group.states([i for i, r in enumerate(reqs) if r.keep])
@@ -374,56 +295,6 @@ def _run_group(reqs: list[Request], budget: int | None = None) -> None:
                 r.stats = group.stats(i, total)
             except Diverged as e:
                 r.error = e
-
-
-# ----------------------------------------------------------------------------- memory budget
-
-def memory_budget(device: torch.device) -> int | None:
-    """Bytes a group's step may take: ``$PFLKIT_VECTOR_MEMORY`` (bytes) when set, else on CUDA half the
-    memory free now (what a step measures, `MemoryProbe`, leaves out the transient buffers), else None
-    (no budget: the CPU's memory is the process's)."""
-    value = os.environ.get("PFLKIT_VECTOR_MEMORY", "")
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"PFLKIT_VECTOR_MEMORY={value!r}: expected a positive number of bytes")
-        return int(value)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] // 2
-    return None
-
-
-class MemoryProbe:
-    """What one step of a group takes, measured on its first step: the bytes autograd saves for the
-    backward pass (the activations, counted once per storage) plus the stacked state and gradients;
-    `check` stops the group (`_Fallback` with the bytes per client) when the whole group would take
-    more than the budget."""
-
-    def __init__(self, budget: int, clients: int):
-        self.budget, self.clients = budget, clients
-
-    @staticmethod
-    @contextlib.contextmanager
-    def saved():
-        """Counts the bytes of the tensors autograd saves inside the block (``.bytes``)."""
-        seen: set = set()
-        out = types.SimpleNamespace(bytes=0)
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                out.bytes += storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield out
-
-    def check(self, measured: int, stepped: int) -> None:
-        """``measured`` bytes for a first step of ``stepped`` clients: raise when all would not fit."""
-        per_client = -(-measured // max(stepped, 1))
-        if per_client * self.clients > self.budget:
-            raise _Fallback(f"{self.clients} clients take about {per_client * self.clients / 2**20:.1f} MiB a step, "
-                            f"over the budget of {self.budget / 2**20:.1f} MiB", True, per_client)
 
 
 def run_plans(reqs: list[Request], note: Callable[[str], None]) -> None:
@@ -449,7 +320,7 @@ def run_members(members: list[Request], note: Callable[[str], None], budget: int
     when the group could not start (``note`` hears why); errors set on the requests."""
     try:
         _run_group(members, budget)
-    except _Fallback as e:
+    except GroupFallback as e:
         if not (e.memory and len(members) > 1):
             note(f"the vmapped step failed ({e})")
             return

@@ -4,8 +4,9 @@ Three message handlers (Flower's Message API):
 
 * ``query``: reports the node's ``partition-id`` (``context.node_config``) so the
   server can map pflkit client ids to Flower node ids;
-* ``train``: decodes the server's message, runs ``algo.client_update`` on partition
-  ``partition-id`` of the pflkit federation and replies with the update's payload;
+* ``train``: decodes the server's message, runs ``algo.respond`` (``client_update`` inside the
+  participation protocol) on partition ``partition-id`` of the pflkit federation and replies
+  with the update's payload;
 * ``evaluate``: runs the algorithm's evaluation from its view of the server state
   (`Algorithm.eval_view` / `Algorithm.evaluate_view`) on the ``val`` or ``test`` split.
 
@@ -209,7 +210,7 @@ def handle_query(msg: Message, context: Context) -> Message:
 
 
 def handle_train(msg: Message, context: Context, faults: dict | None = None) -> Message:
-    """``algo.client_update`` on this node's partition; the client state stays in ``context.state``."""
+    """``algo.respond`` on this node's partition; the client state stays in ``context.state``."""
     h, pid, rt, algo, cfg = _prepare(msg, context, faults)
     ns, t = _ns(h), int(h["round"])
     message = receive(msg.content, context.state, ns, h)
@@ -218,7 +219,7 @@ def handle_train(msg: Message, context: Context, faults: dict | None = None) -> 
     env.seed_torch("client", pid, t)
     try:
         with use_backend(rt.cfg.kernels):  # the run's kernel backend, for this call only
-            update, client_state = algo.client_update(message, rt.fed.clients[pid], before, cfg, env)
+            update, client_state = algo.respond(message, rt.fed.clients[pid], before, cfg, env)
     except Diverged as e:  # the run's outcome, not a node failure: the server stops the stage
         return _reply(msg, {"diverged": str(e)}, {})
     if client_state is not None:

@@ -25,7 +25,7 @@ from functools import lru_cache
 import torch
 
 from pflkit.config import ConfigError, to_dict
-from pflkit.fl.federation import federation_for
+from pflkit.fl.federate import federation_for
 from pflkit.run.experiment_config import ExperimentConfig, StageConfig
 from pflkit.run.experiments import resolve
 

@@ -6,7 +6,7 @@ loop (`pflkit.fl.loop.run_rounds`) samples the clients, aggregates, writes the h
 row, validates, keeps the best state, checks for divergence, checkpoints and tests,
 exactly as for a local run; this module only:
 
-* ``configure_train``: calls ``algo.broadcast(state, cid, ...)`` for each sampled client
+* ``configure_train``: calls ``algo.send(state, cid, ...)`` for each sampled client
   and addresses the message to the node whose ``partition-id`` is ``cid`` (pFedHN sends
   each node its generated weights, the hypernetwork never leaves the server);
 * ``aggregate_train`` / ``aggregate_evaluate``: decode the replies into the loop's updates and
@@ -263,7 +263,7 @@ class PflkitStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Each of the loop's sampled clients' ``algo.broadcast`` message."""
-        msgs = [self._message(cid, self.algo.broadcast(self._state, cid, self.cfg, self.env), "train", {})
+        msgs = [self._message(cid, self.algo.send(self._state, cid, self.cfg, self.env), "train", {})
                 for cid in self._ids]
         self._missing = [cid for cid, m in zip(self._ids, msgs) if m is None]
         return [m for m in msgs if m is not None]

@@ -35,7 +35,7 @@ from pflkit.config import OMIT_DEFAULT, ConfigError, one_of, require, to_dict
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Dataset, partition and per-client splits (`pflkit.fl.federation.build_federation`)."""
+    """Dataset, partition and per-client splits (`pflkit.fl.federate.build_federation`)."""
 
     dataset: str = "digits"
     options: dict = field(default_factory=dict)
@@ -158,8 +158,8 @@ class ClientGroup:
     of: int
 
     def ids(self, num_clients: int) -> list[int]:
-        """The client ids of the group, in order (`pflkit.fl.federation.contiguous_group`)."""
-        from pflkit.fl.federation import contiguous_group
+        """The client ids of the group, in order (`pflkit.fl.federate.contiguous_group`)."""
+        from pflkit.fl.federate import contiguous_group
 
         return [i for i in range(num_clients) if contiguous_group(i, num_clients, self.of) == self.group]
 

@@ -37,7 +37,8 @@ from pflkit.data.base import Dataset, ImageFiles, offline
 from pflkit.data.datasets import dataset_digest, is_user_dataset, load_dataset
 from pflkit.data.provenance import dataset_record, weights_record
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import Federation, federation_for
+from pflkit.fl.federate import federation_for
+from pflkit.fl.federation import Federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import get_state, set_state
 from pflkit.io import load_torch, read_json, save_torch, slug, write_json

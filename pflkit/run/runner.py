@@ -40,7 +40,8 @@ from pflkit import kernels
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset
 from pflkit.data.datasets import load_dataset
-from pflkit.fl.federation import Federation, federation_for
+from pflkit.fl.federate import federation_for
+from pflkit.fl.federation import Federation
 from pflkit.io import locked_folder, remove_orphans, write_json
 from pflkit.run.checks import (check_client_splits, check_data_setting, check_federation_fits, check_given_data,
                                federation_record, user_data_record)

@@ -7,7 +7,8 @@ is): each test module keeps its own ``fed`` fixture, one line naming which feder
 from __future__ import annotations
 
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import Federation, build_federation
+from pflkit.fl.federate import build_federation
+from pflkit.fl.federation import Federation
 from pflkit.models import build_model
 from tests.helpers_data import digits_dataset
 

@@ -6,7 +6,7 @@ from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.fedalt import FEDALT, personal_names
 from pflkit.algorithms.fedselect import personalized_state
 from pflkit.config import ConfigError
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
 from tests.helpers_data import digits_dataset, digits_env

@@ -16,7 +16,7 @@ from pflkit.algorithms.fedl2p import (  # noqa: E402
 from pflkit.algorithms.finetune import FINETUNE, FineTuneConfig  # noqa: E402
 from pflkit.config import ConfigError  # noqa: E402
 from pflkit.fl.algorithm import Update  # noqa: E402
-from pflkit.fl.federation import build_federation  # noqa: E402
+from pflkit.fl.federate import build_federation  # noqa: E402
 from pflkit.fl.loop import run_rounds  # noqa: E402
 
 SMALL = {"rounds": 1, "fraction": 0.5, "epochs": 1, "meta_iters": 1, "lr": 0.05}

@@ -5,7 +5,7 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.fedrep import FEDREP
 from pflkit.config import ConfigError
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.engines import nbytes
 from pflkit.fl.train import get_state
 from tests.helpers_data import digits_dataset, digits_env

@@ -4,7 +4,7 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.algorithms.finetune import prepare
 from pflkit.config import ConfigError
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import client_batches
 from pflkit.models.mixed_bn import bn_input_stats, mixed_bn_layers

@@ -1,7 +1,7 @@
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import local_sgd
 from tests.helpers_data import digits_dataset, digits_env

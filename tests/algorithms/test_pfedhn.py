@@ -15,7 +15,7 @@ from pflkit.algorithms import pfedhn
 from pflkit.config import ConfigError
 from pflkit.data.base import Dataset, DatasetMeta
 from pflkit.fl.algorithm import Env, Update
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
 from tests.algorithms.conftest import init_model, mlp_env, pathological_fed

@@ -10,7 +10,7 @@ from pflkit.analysis.pfedhn import novel_tv, tv_to_nearest
 from pflkit.config import ConfigError
 from pflkit.run.experiments import resolve
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
 from pflkit.report.compact import analysis

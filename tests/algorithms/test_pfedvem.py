@@ -13,7 +13,7 @@ from pflkit.algorithms import pfedvem as P
 from pflkit.config import ConfigError
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.algorithm import Update
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from tests.helpers_data import digits_dataset, digits_env
 

@@ -8,7 +8,7 @@ from pflkit.algorithms.pfedhn import mix_and_match
 from pflkit.analysis.pfedhn import group_accuracy, novel_tv, row_normalize
 from pflkit.data.partition import nearest_tv, total_variation
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.models import build_model
 from tests.helpers_data import digits_dataset

@@ -10,7 +10,7 @@ from pflkit.data.corruptions import (
     CORRUPTIONS, LEVELS, corrupt, hsv_to_rgb, motion_blur_images, motion_blur_kernel, plasma_fractal, rgb_to_hsv,
 )
 from pflkit.data.datasets import load_dataset
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 
 RANDOM = ("frost", "snow", "motion_blur", "speckle_noise", "fog")
 

@@ -1,5 +1,5 @@
 """What the engine tests share: four digit clients of uneven sizes."""
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from tests.helpers_data import digits_dataset
 
 

@@ -18,7 +18,7 @@ from pflkit.algorithms import ALGORITHMS, replace
 from pflkit.config import ConfigError
 from pflkit.fl import engines
 from pflkit.fl.engines import check_engine, fallback_reason, resolve_engine, thread_workers
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import Diverged
 from tests.helpers_compare import assert_tree

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from pflkit.fl.federation import Federation, build_federation
+from pflkit.fl.federate import build_federation
+from pflkit.fl.federation import Federation
 from tests.helpers_data import digits_dataset
 
 

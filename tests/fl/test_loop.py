@@ -5,8 +5,9 @@ import torch
 
 from pflkit.algorithms import ALGORITHMS, replace
 from pflkit.fl.algorithm import Update
-from pflkit.fl.federation import build_federation
-from pflkit.fl.loop import eval_clients, run_rounds, sample_clients
+from pflkit.fl.federate import build_federation
+from pflkit.fl.loop import run_rounds
+from pflkit.fl.sampling import SamplingRule, eval_clients, sample_clients
 from pflkit.io import load_torch
 from tests.helpers_data import digits_dataset, digits_env
 
@@ -31,11 +32,11 @@ def _model(env):
 def test_sampling_counts_and_determinism():
     env = digits_env()
     cfg = _cfg(fraction=0.3)
-    a = sample_clients(20, cfg, env, 5)
+    a = sample_clients(20, SamplingRule.of(cfg), env, 5)
     assert len(a) == 6 and len(set(a)) == 6
-    assert a == sample_clients(20, cfg, env, 5)
-    assert a != sample_clients(20, cfg, env, 6)
-    bern = FEDAVG.make_config({"sampling": "bernoulli", "fraction": 0.1})
+    assert a == sample_clients(20, SamplingRule.of(cfg), env, 5)
+    assert a != sample_clients(20, SamplingRule.of(cfg), env, 6)
+    bern = SamplingRule("bernoulli", 0.1)
     sizes = [len(sample_clients(200, bern, env, t)) for t in range(30)]
     assert 12 < sum(sizes) / len(sizes) < 28  # Binomial(200, 0.1): mean 20
     assert eval_clients(20, _cfg(eval_clients=5), env) == eval_clients(20, _cfg(eval_clients=5), env)
@@ -47,7 +48,7 @@ def test_one_round_is_the_weighted_average_of_client_models(fed):
     cfg = _cfg(rounds=1, keep_best=False, eval_every=0)
     start = _model(env)
     res = run_rounds(FEDAVG, cfg, fed, start, env, test=False)
-    ids = sample_clients(fed.num_clients, cfg, env, 0)
+    ids = sample_clients(fed.num_clients, SamplingRule.of(cfg), env, 0)
     w0 = {k: v.clone() for k, v in start.state_dict().items()}
     states, sizes = [], []
     for cid in ids:

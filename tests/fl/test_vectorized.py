@@ -26,7 +26,8 @@ from pflkit.fl.engines import fallback_reason, resolve_engine
 from pflkit.fl.loop import run_rounds
 from pflkit.fl.train import SGDPlan, get_state, local_sgd, run_sgd
 from pflkit.fl.meet import run_together
-from pflkit.fl.vectorized import Request, run_plans, signature, why_not
+from pflkit.fl.batchable import signature, why_not
+from pflkit.fl.vectorized import Request, run_plans
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
 from tests.fl.conftest import uneven_clients

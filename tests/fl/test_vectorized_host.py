@@ -14,7 +14,8 @@ from pflkit.fl import meet, vectorized
 from pflkit.fl.train import SGDPlan, get_state, run_sgd, sgd_batches
 from pflkit.fl.lockstep_batches import Source, pooled_steps, positions
 from pflkit.fl.meet import run_together
-from pflkit.fl.vectorized import MemoryProbe, Request, memory_budget, paddable, run_plans
+from pflkit.fl.batchable import MemoryProbe, memory_budget, paddable
+from pflkit.fl.vectorized import Request, run_plans
 from tests.conftest import TOL
 from tests.fl.test_engines import _config
 from tests.fl.test_vectorized import _run

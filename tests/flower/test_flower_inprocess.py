@@ -9,8 +9,8 @@ import torch
 from pflkit.algorithms import ALGORITHMS
 from pflkit.data.datasets import load_dataset
 from pflkit.fl.algorithm import Env
-from pflkit.fl.federation import federation_for
-from pflkit.fl.loop import sample_clients
+from pflkit.fl.federate import federation_for
+from pflkit.fl.sampling import SamplingRule, sample_clients
 from pflkit.flower.client_app import build_client_app
 from pflkit.flower.runtime import runtime, settings_for
 from pflkit.flower.nodes import NodeMap
@@ -57,7 +57,7 @@ def test_bytes_are_what_travels(both):
     weights = l1["bytes_down"] // k - lam
     env = Env(model_fn=lambda: None, seed=cfg.seed)
     stage = next(m for m in cfg.methods if m.label == "FedL2P").config
-    first, second = (sample_clients(fed.seen_ids, stage, env, t) for t in (0, 1))
+    first, second = (sample_clients(fed.seen_ids, SamplingRule.of(stage), env, t) for t in (0, 1))
     assert f1["bytes_down"] == l1["bytes_down"]
     assert f2["bytes_down"] == k * lam + weights * len(set(second) - set(first)) < l2["bytes_down"]
 

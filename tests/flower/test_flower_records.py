@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from pflkit.algorithms import ALGORITHMS
 from pflkit.run.experiments import list_experiments, resolve
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.engines import nbytes
 from pflkit.flower.client_app import load_client_state, save_client_state
 from pflkit.flower.records import from_record, get, put, record_nbytes, tensors_in, to_record

@@ -9,7 +9,7 @@ import torch
 from pflkit import kernels
 from pflkit.algorithms import ALGORITHMS
 from pflkit.data.base import Dataset
-from pflkit.fl.federation import build_federation
+from pflkit.fl.federate import build_federation
 from pflkit.fl.loop import run_rounds
 from tests.helpers_data import digits_dataset, digits_env
 

@@ -23,7 +23,8 @@ except ImportError:  # numpy 1.x
 
 from ..base import Dataset, data_roots
 from ..download import fetcher
-from .common import Found, arrays_dataset, first_match, has_files, names_array, records_of, resolve
+from .common import Found, first_match, has_files, names_array, records_of, resolve
+from .images import arrays_dataset
 
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR100_DIR = "cifar-100-python"

@@ -21,7 +21,8 @@ import numpy as np
 from ..base import Dataset, data_roots
 from ..corruptions import CORRUPTIONS, corrupt
 from .cifar import read_cifar10
-from .common import channel_stats, check_positive_int, check_subset, image_dataset, to_nchw
+from .common import check_positive_int, check_subset
+from .images import channel_stats, image_dataset, to_nchw
 
 DEFAULT_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 

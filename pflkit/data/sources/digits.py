@@ -13,7 +13,8 @@ import numpy as np
 
 from ..base import Dataset
 from ..provenance import file_record
-from .common import Found, digit_names, simple_image_dataset, stratified_split
+from .common import Found, digit_names, stratified_split
+from .images import simple_image_dataset
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ..base import Dataset
-from .common import check_positive_int, check_subset, image_dataset, resize_images, to_rgb
+from .common import check_positive_int, check_subset
+from .images import image_dataset, resize_images, to_rgb
 from .mnist_family import load_mnist, load_mnist_m, load_usps
 
 # Each domain's own loader (the ones the registry lists under the same names): a composite is built from

@@ -18,9 +18,10 @@ import numpy as np
 
 from ..base import Dataset, ImageFiles, data_roots
 from ..download import fetcher
-from .common import (IMAGE_SUFFIXES, IMAGENET_MEAN, IMAGENET_STD, Found, check_choice, check_images_open,
-                     check_positive_int, check_subset, first_match, image_dataset, names_array, provenance,
-                     resize_images, resolve, stratified_split, to_nchw)
+from .common import (Found, check_choice, check_positive_int, check_subset, first_match, names_array, provenance,
+                     resolve, stratified_split)
+from .images import (IMAGE_SUFFIXES, IMAGENET_MEAN, IMAGENET_STD, check_images_open, image_dataset, resize_images,
+                     to_nchw)
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2  # for collections without an official split

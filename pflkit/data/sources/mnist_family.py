@@ -28,9 +28,9 @@ import numpy as np
 
 from ..base import Dataset, data_roots
 from ..download import fetcher
-from ..provenance import file_record
-from .common import (Found, digit_names, first_match, folder_record, has_files, open_image, records_of, resolve,
-                     simple_image_dataset)
+from ..provenance import file_record, folder_record
+from .common import Found, digit_names, first_match, has_files, records_of, resolve
+from .images import open_image, simple_image_dataset
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 USPS_FILES = ("usps.bz2", "usps.t.bz2")

@@ -16,8 +16,9 @@ import torch
 
 from ..base import Dataset, data_roots
 from ..download import fetcher
-from .common import (Found, check_choice, check_positive_int, first_match, folder_record, image_dataset, names_array,
-                     open_image, provenance, resize_images, resolve, to_nchw)
+from ..provenance import folder_record
+from .common import Found, check_choice, check_positive_int, first_match, names_array, provenance, resolve
+from .images import image_dataset, open_image, resize_images, to_nchw
 
 # Which published folders each ``sets`` value reads.
 SETS = {
