@@ -266,8 +266,10 @@ class Algorithm:
     silent_update: Callable | None = None
 
     def start(self, model, fed, cfg, env: Env):
-        """``init``'s server state plus what the participation protocol keeps there (`pflkit.fl.sampling.roster`)."""
-        return {**self.init(model, fed, cfg, env), **roster(fed, cfg)}
+        """``init``'s server state; under ``participation="broadcast"`` (a dict state) with the client ids the
+        reporters are drawn from (`pflkit.fl.sampling.roster`)."""
+        state = self.init(model, fed, cfg, env)
+        return {**state, **roster(fed, cfg)} if broadcasting(cfg) else state
 
     def send(self, state, client_id: int, cfg, env: Env):
         """What travels to ``client_id``: ``broadcast``'s message, flagged with whether it reports under
