@@ -28,7 +28,7 @@ TITLES = {**{key: paper.TITLE for key, paper in PAPERS.items()}, **OTHER_SECTION
 # file may say it itself: [experiment] stands_in_for = "..."
 STAND_INS = {(key, data): theirs for key, paper in PAPERS.items() for data, theirs in paper.STAND_INS.items()}
 # runs (experiment-name globs) whose stages keep their final states in the batch's work folder, so that a
-# notebook reads them instead of training the same model again (`pflkit.batch.reproduce`)
+# notebook reads them instead of training the same model again (`pflkit.batch.work_folder`)
 KEEP_STATES = tuple(pattern for paper in PAPERS.values() for pattern in paper.KEEP_STATES)
 CLAIMS = tuple(fn for paper in PAPERS.values() for fn in paper.CLAIMS)  # every paper's, in the report's order
 
