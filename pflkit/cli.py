@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from pflkit.config import ENGINES, ConfigError
+from pflkit.config import ENGINES, KERNEL_BACKENDS, ConfigError
 from pflkit.run.experiments import PRESETS, experiments_dir
 
 
@@ -264,7 +264,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out instead of refusing")
     p.add_argument("--download", action="store_true", help="download a missing dataset into the cache")
     p.add_argument("--device", help="auto (default: CUDA when available), cpu, cuda, cuda:N or mps")
-    p.add_argument("--kernels", choices=["auto", "triton", "reference"], help="custom-op backend")
+    p.add_argument("--kernels", choices=KERNEL_BACKENDS, help="custom-op backend")
     p.add_argument("--engine", default="auto", choices=[*ENGINES, "flower"],
                    help="how rounds run: auto (vectorized on CUDA where the algorithm allows it, threads on a "
                         "multi-core CPU, else sequential), sequential, threads (client updates in a CPU thread pool; "

@@ -17,6 +17,9 @@ from typing import Any, Mapping
 # the round engines of `pflkit.fl.engines` (how a round's client updates run in this process): named here, where
 # reading them imports no torch, so the command line's parser lists them from this one definition
 ENGINES = ("auto", "sequential", "threads", "vectorized")
+# the backends of the custom ops (`pflkit.kernels`: Triton, their PyTorch twins, or the dispatcher's pick), named
+# here for the same reason
+KERNEL_BACKENDS = ("auto", "triton", "reference")
 
 
 class ConfigError(ValueError):

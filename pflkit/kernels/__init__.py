@@ -38,32 +38,33 @@ import os
 
 import torch
 
+from pflkit.config import KERNEL_BACKENDS
+
 from . import reference
 from ._triton_common import interpreter_enabled, interpreter_usable, load_triton, triton_import_error
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "triton", "reference")
 OPS = {"mixed_batch_norm": "mixed_bn_triton", "neumann_update": "neumann_triton",
        "layerwise_sgd_step": "sgd_triton"}
 ENV_VAR = "PFLKIT_KERNELS"
 
-__all__ = ["BACKENDS", "OPS", "mixed_batch_norm", "neumann_update", "layerwise_sgd_step", "set_backend",
+__all__ = ["OPS", "mixed_batch_norm", "neumann_update", "layerwise_sgd_step", "set_backend",
            "get_backend", "use_backend", "is_available", "resolve", "validate_backend", "triton_importable",
            "differentiated_twice"]
 
 
 def validate_backend(name: str) -> str:
     """Return ``name`` if it is a backend, else raise a ValueError naming it."""
-    if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"kernels backend must be one of {BACKENDS}, got {name!r}")
+    if not isinstance(name, str) or name not in KERNEL_BACKENDS:
+        raise ValueError(f"kernels backend must be one of {KERNEL_BACKENDS}, got {name!r}")
     return name
 
 
 def _initial_backend() -> str:
     value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if value not in BACKENDS:
-        raise ValueError(f"environment variable {ENV_VAR} must be one of {BACKENDS}, got {value!r}")
+    if value not in KERNEL_BACKENDS:
+        raise ValueError(f"environment variable {ENV_VAR} must be one of {KERNEL_BACKENDS}, got {value!r}")
     return value
 
 

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ConfigError, coerce, from_dict, one_of, parse_override, require
+from pflkit.config import KERNEL_BACKENDS, ConfigError, coerce, from_dict, one_of, parse_override, require
 from pflkit.run.experiment_config import (NO_TRAINING, NORMALIZE, ClientGroup, DataConfig, ExperimentConfig,
                                           MethodStage, ModelConfig, NoTrainingConfig, PretrainDataConfig,
                                           PretrainStage, StageConfig, check_device, check_keep_best, check_kernels,
@@ -328,7 +328,7 @@ def _build(raw: dict, preset: str) -> ExperimentConfig:
     seeds = coerce(raw.get("seeds", 1), int, "seeds")
     require(seeds >= 1, "seeds", seeds, "must be >= 1")
     kernels = coerce(raw.get("kernels", "auto"), str, "kernels")
-    one_of("kernels", kernels, {"auto", "triton", "reference"})
+    one_of("kernels", kernels, set(KERNEL_BACKENDS))
     device = coerce(raw.get("device", "auto"), str, "device")
     check_device(device)
     check_kernels(kernels, device)
